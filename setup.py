@@ -1,0 +1,30 @@
+"""Packaging for sparse-accumulation: Clebsch-Gordan coefficients and fast sparse accumulation ops."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="sparse-accumulation",
+    version="0.1.0",
+    description=(
+        "Fast, correct Clebsch-Gordan products for equivariant networks: "
+        "CG coefficient generator and differentiable sparse accumulation ops (numba CPU, Triton GPU)."
+    ),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(include=["cg", "cg.*", "sparse_accumulation", "sparse_accumulation.*"]),
+    package_data={"cg": ["data/*.npz"]},
+    install_requires=[
+        "numpy>=1.24",
+        "sympy>=1.12",
+        "torch>=2.4",
+        "numba>=0.59",
+        "triton>=3.0; platform_system == 'Linux'",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7"],
+    },
+    entry_points={"console_scripts": ["sparse-accumulation = sparse_accumulation.cli:main"]},
+)

@@ -1,0 +1,126 @@
+"""Choosing an implementation: names, availability, the process-wide default and the kernel modules.
+
+Kernel implementations (run inside the registered ops): ``"numba"`` (CPU), ``"triton"`` (CUDA; CPU tensors
+only under ``TRITON_INTERPRET=1``), ``"torch"`` (any device). Reference implementations (plain torch,
+autograd by torch, for validation): ``"loops"``, ``"index_add"``, ``"dense"``, ``"sparse"``.
+``None`` or ``"auto"`` picks the fastest kernel available for the device.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import warnings
+from functools import lru_cache
+
+import torch
+
+KERNELS = ("numba", "triton", "torch")
+REFERENCES = ("loops", "index_add", "dense", "sparse")
+IMPLEMENTATIONS = ("auto",) + KERNELS + REFERENCES
+ENVIRONMENT_VARIABLE = "SPARSE_ACCUMULATION_IMPLEMENTATION"
+
+_KERNEL_MODULES = {
+    "numba": "sparse_accumulation.kernels.numba_cpu",
+    "triton": "sparse_accumulation.kernels.triton_gpu",
+    "torch": "sparse_accumulation.kernels.torch_chunked",
+}
+
+
+def _check_name(implementation, argument: str = "implementation") -> str:
+    if implementation is None:
+        return "auto"
+    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
+        raise ValueError(f"{argument} must be one of {', '.join(IMPLEMENTATIONS)} or None, got {implementation!r}")
+    return implementation
+
+
+_default = _check_name(os.environ.get(ENVIRONMENT_VARIABLE) or None, f"environment variable {ENVIRONMENT_VARIABLE}")
+
+
+def set_default_implementation(implementation) -> None:
+    """Set the implementation used when a call passes ``implementation=None`` (``None`` restores ``"auto"``).
+
+    The initial default comes from the environment variable ``SPARSE_ACCUMULATION_IMPLEMENTATION``.
+
+    Raises:
+        ValueError: unknown implementation name.
+    """
+    global _default
+    _default = _check_name(implementation)
+
+
+def get_default_implementation() -> str:
+    """The implementation used when a call passes ``implementation=None``."""
+    return _default
+
+
+def _triton_interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@lru_cache(maxsize=None)
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:  # a broken install (ImportError, numba/LLVM errors) counts as unavailable
+        return False
+    return True
+
+
+def is_available(implementation: str, device) -> bool:
+    """Whether ``implementation`` can run on tensors of ``device`` in this process."""
+    device = torch.device(device)
+    if implementation in REFERENCES:
+        return True
+    if implementation == "numba":
+        return device.type == "cpu" and _importable("numba")
+    if implementation == "triton":
+        on_device = device.type == "cuda" or (device.type == "cpu" and _triton_interpreter())
+        return on_device and _importable("triton")
+    if implementation == "torch":
+        return True
+    raise ValueError(f"implementation must be one of {', '.join(KERNELS + REFERENCES)}, got {implementation!r}")
+
+
+_warned = set()
+
+
+def resolve(implementation, device) -> str:
+    """The concrete implementation name for a call on ``device``.
+
+    ``None`` means the process default; ``"auto"`` picks numba on CPU and triton on CUDA, falling back to
+    ``"torch"`` with one warning when those are unavailable.
+
+    Raises:
+        ValueError: unknown name.
+        RuntimeError: an explicitly requested implementation is unavailable for this device.
+    """
+    name = _check_name(implementation) if implementation is not None else _default
+    return _resolve_name(name, torch.device(device).type)
+
+
+@torch.compiler.assume_constant_result
+def _resolve_name(name: str, device_type: str) -> str:
+    # Run eagerly even under torch.compile (the answer is fixed for the process), so that import probing and
+    # the fallback warning never enter a traced graph.
+    device = torch.device(device_type)
+    if name == "auto":
+        preferred = "triton" if device.type == "cuda" else "numba" if device.type == "cpu" else "torch"
+        if is_available(preferred, device):
+            return preferred
+        if (preferred, device.type) not in _warned:
+            _warned.add((preferred, device.type))
+            warnings.warn(f"sparse_accumulation: {preferred} is not available for {device.type} tensors; "
+                          f"falling back to the slower 'torch' implementation", RuntimeWarning, stacklevel=3)
+        return "torch"
+    if not is_available(name, device):
+        raise RuntimeError(f"implementation {name!r} is not available for {device.type} tensors"
+                           + (" (numba runs on CPU tensors only)" if name == "numba" else "")
+                           + (" (triton needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors)"
+                              if name == "triton" else ""))
+    return name
+
+
+def kernels(implementation: str):
+    """The kernel module of a kernel implementation (see :mod:`sparse_accumulation.kernels`)."""
+    return importlib.import_module(_KERNEL_MODULES[implementation])

@@ -1,0 +1,52 @@
+"""Clebsch-Gordan rules as torch tensors, and the single-path module of the peer API."""
+from __future__ import annotations
+
+import torch
+
+import cg
+
+from .api import accumulate
+
+
+def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.float32, device="cpu",
+                               basis: str = "real"):
+    """The flattened CG rule ``(m1, m2, mu, C)`` of the path ``l1 x l2 -> l_output`` as torch tensors.
+
+    Indices are int64 and offset by ``+l`` (``0 .. 2l``), sorted by ``mu`` (then ``m1``, ``m2``), with no
+    explicit zeros; ``C`` has ``dtype``. All four live on ``device``.
+
+    Raises:
+        ValueError: invalid ``l`` values (negative, non-integer, ``l_output`` outside ``|l1-l2|..l1+l2``) or
+            unknown ``basis`` (``"real"``, ``"complex"`` or ``"e3nn"``).
+    """
+    m1, m2, mu, C = cg.transformation_rule(l1, l2, l_output, basis=basis)
+    indices = tuple(torch.as_tensor(a, dtype=torch.int64, device=device) for a in (m1, m2, mu))
+    return indices + (torch.as_tensor(C, dtype=dtype, device=device),)
+
+
+class CGCalculatorSingle(torch.nn.Module):
+    """One CG path ``l1 x l2 -> l_output``: ``forward(X1 [..., 2 l1 + 1], X2 [..., 2 l2 + 1]) -> [..., 2 l_output + 1]``.
+
+    The rule is held as buffers (``m1``, ``m2``, ``mu``, ``C``), so ``.to(device)`` moves it with the module.
+
+    Args:
+        l1, l2, l_output: angular momenta of the inputs and the output.
+        dtype: dtype of the coefficients (and so of the inputs).
+        basis: ``"real"`` (default), ``"complex"`` or ``"e3nn"``.
+        implementation: passed to :func:`sparse_accumulation.accumulate`.
+    """
+
+    def __init__(self, l1: int, l2: int, l_output: int, dtype=torch.float32, basis: str = "real",
+                 implementation=None):
+        super().__init__()
+        m1, m2, mu, C = get_cg_transformation_rule(l1, l2, l_output, dtype=dtype, basis=basis)
+        self.l1, self.l2, self.l_output, self.implementation = l1, l2, l_output, implementation
+        for name, tensor in (("m1", m1), ("m2", m2), ("mu", mu), ("C", C)):
+            self.register_buffer(name, tensor)
+
+    def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        return accumulate(X1, X2, self.mu, 2 * self.l_output + 1, self.m1, self.m2, self.C,
+                          implementation=self.implementation)
+
+    def extra_repr(self) -> str:
+        return f"l1={self.l1}, l2={self.l2}, l_output={self.l_output}, nnz={self.C.shape[0]}"

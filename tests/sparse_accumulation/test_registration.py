@@ -1,0 +1,97 @@
+"""torch.library.opcheck on every registered op, and torch.compile(fullgraph=True) without graph breaks."""
+import pytest
+import torch
+
+import sparse_accumulation as sa
+from accumulation_helpers import assert_close_to, random_rule
+
+KERNELS = ["numba", "torch"]
+
+
+def _operands(generator, permuted, requires_grad, rows=6, M1=4, M2=3, O=5):
+    m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=15)
+    if permuted:
+        X1 = torch.randn(M1, rows, generator=generator, dtype=torch.float64).T
+        X2 = torch.randn(M2, rows, generator=generator, dtype=torch.float64).T
+    else:
+        X1 = torch.randn(rows, M1, generator=generator, dtype=torch.float64)
+        X2 = torch.randn(rows, M2, generator=generator, dtype=torch.float64)
+    for t in (X1, X2, C):
+        t.requires_grad_(requires_grad)
+    return X1, X2, C, m1, m2, mu, O
+
+
+@pytest.mark.parametrize("implementation", KERNELS)
+@pytest.mark.parametrize("permuted", [False, True])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(generator, implementation, permuted, requires_grad):
+    X1, X2, C, m1, m2, mu, O = _operands(generator, permuted, requires_grad)
+    torch.library.opcheck(torch.ops.sparse_accumulation.accumulate.default,
+                          (X1, X2, C, m1, m2, mu, O, implementation))
+    G = torch.randn(X1.shape[0], O, generator=generator, dtype=torch.float64).requires_grad_(requires_grad)
+    for wanted in ((True, True, True), (True, False, False), (False, True, True), (False, False, True)):
+        torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_backward.default,
+                              (G, X1, X2, C, m1, m2, mu, implementation, *wanted))
+
+
+@pytest.mark.parametrize("implementation", KERNELS)
+def test_compile_fullgraph_forward_and_backward(generator, implementation):
+    torch._dynamo.reset()
+    m1, m2, mu, C = random_rule(generator, 5, 4, 6, nnz=20)
+    C.requires_grad_()
+
+    def model(X1, X2, C):
+        out = sa.accumulate(X1.sin(), X2, mu, 6, m1, m2, C, implementation=implementation)
+        return (out * out).sum(dim=-1)
+
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for rows in (7, 13):
+        X1 = torch.randn(rows, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+        X2 = torch.randn(rows, 4, generator=generator, dtype=torch.float64, requires_grad=True)
+        expected = model(X1, X2, C)
+        got = compiled(X1, X2, C)
+        assert_close_to(got, expected, torch.float64)
+        G = torch.randn(rows, generator=generator, dtype=torch.float64)
+        for a, b in zip(torch.autograd.grad(got, (X1, X2, C), G), torch.autograd.grad(expected, (X1, X2, C), G)):
+            assert_close_to(a, b, torch.float64)
+
+
+def test_compile_inductor_module(generator):
+    """The default backend (inductor) compiles a module using the op; results match eager."""
+    torch._dynamo.reset()
+    module = sa.CGCalculatorSingle(2, 1, 2, dtype=torch.float64)
+    compiled = torch.compile(module, fullgraph=True)
+    X1 = torch.randn(11, 5, generator=generator, dtype=torch.float64, requires_grad=True)
+    X2 = torch.randn(11, 3, generator=generator, dtype=torch.float64)
+    got, expected = compiled(X1, X2), module(X1, X2)
+    assert_close_to(got, expected, torch.float64)
+    assert_close_to(torch.autograd.grad(got.sum(), X1)[0], torch.autograd.grad(expected.sum(), X1)[0],
+                    torch.float64)
+
+
+def test_compile_checks_index_values_at_run_time(generator):
+    """Range checks run inside the op, so a compiled function still rejects an out-of-range index."""
+    torch._dynamo.reset()
+    m1, m2, mu, C = random_rule(generator, 3, 3, 3, nnz=8)
+    compiled = torch.compile(lambda X1, X2, mu: sa.accumulate(X1, X2, mu, 3, m1, m2, C), fullgraph=True,
+                             backend="aot_eager")
+    X = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    compiled(X, X, mu)
+    bad = mu.clone()
+    bad[0] = 3
+    with pytest.raises(IndexError, match="mu"):
+        compiled(X, X, bad)
+
+
+def test_double_backward_under_compile_fails_loudly(generator):
+    """torch.compile (AOTAutograd) has no double backward: force-style training must raise, not return wrong values."""
+    torch._dynamo.reset()
+    m1, m2, mu, C = random_rule(generator, 3, 3, 3, nnz=8)
+    C.requires_grad_()
+    compiled = torch.compile(lambda X1, X2, C: sa.accumulate(X1, X2, mu, 3, m1, m2, C).pow(2).sum(),
+                             fullgraph=True, backend="aot_eager")
+    X1 = torch.randn(4, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    X2 = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    (forces,) = torch.autograd.grad(compiled(X1, X2, C), X1, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        forces.pow(2).sum().backward()
