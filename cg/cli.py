@@ -1,0 +1,131 @@
+"""Command line interface: ``python -m cg tables ...`` and ``python -m cg show ...``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .bases import BASES
+
+__all__ = ["main", "ProgressBar"]
+
+PROG = "python -m cg"
+
+
+class _UsageError(Exception):
+    """A command-line usage problem, reported as one line with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print usage and call sys.exit(2)
+        raise _UsageError(message)
+
+
+class ProgressBar:
+    """Minimal text progress bar, usable as ``progress(done, total)`` callback.
+
+    Args:
+        stream: text stream to draw on (default ``sys.stderr``).
+        width: number of bar characters.
+        label: text shown before the bar.
+    """
+
+    def __init__(self, stream=None, width: int = 30, label: str = ""):
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.label = label
+        self._last = None
+
+    def __call__(self, done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        filled = int(round(frac * self.width))
+        state = (filled, int(100 * frac), done >= total)
+        if state == self._last:  # redraw only when the picture changes
+            return
+        self._last = state
+        bar = "#" * filled + "." * (self.width - filled)
+        self.stream.write(f"\r{self.label}[{bar}] {done}/{total} ({100 * frac:3.0f}%)")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _build_parser() -> _Parser:
+    parser = _Parser(prog=PROG, description="Clebsch-Gordan coefficients and transformation rules.")
+    sub = parser.add_subparsers(dest="command", metavar="{tables,show}", parser_class=_Parser)
+
+    tables = sub.add_parser("tables", help="compute all rules up to lmax and save them as .npz")
+    tables.add_argument("--lmax", type=int, required=True, help="largest l1, l2 and L")
+    tables.add_argument("--basis", choices=BASES, default="real", help="coefficient basis (default: real)")
+    tables.add_argument("--output", "-o", required=True, help="output .npz file")
+    tables.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    show = sub.add_parser("show", help="print the transformation rule of one coupling l1 x l2 -> L")
+    show.add_argument("l1", type=int)
+    show.add_argument("l2", type=int)
+    show.add_argument("L", type=int)
+    show.add_argument("--basis", choices=BASES, default="real", help="coefficient basis (default: real)")
+    show.add_argument("--exact", action="store_true", help="print exact values (sympy)")
+    return parser
+
+
+def _cmd_tables(args, out, err) -> int:
+    from .tables import CoefficientTable
+
+    progress = None if args.quiet else ProgressBar(err, label=f"{args.basis} lmax={args.lmax} ")
+    table = CoefficientTable.build(args.lmax, basis=args.basis, progress=progress)
+    path = args.output if args.output.endswith(".npz") else args.output + ".npz"
+    table.save(path)
+    print(f"wrote {len(table)} rules ({args.basis}, lmax={args.lmax}) to {path}", file=out)
+    return 0
+
+
+def _cmd_show(args, out) -> int:
+    from .coefficients import clebsch_gordan
+    from .rules import transformation_rule
+
+    l1, l2, L = args.l1, args.l2, args.L
+    m1, m2, mu, coeff = transformation_rule(l1, l2, L, basis=args.basis)
+    values = [f"{c:.12g}" for c in coeff]
+    if args.exact:
+        exact = clebsch_gordan(l1, l2, L, basis=args.basis, exact=True)
+        values = [str(exact[a, b, c]) for a, b, c in zip(m1, m2, mu)]
+    header = ["m1", "m2", "mu", "i1", "i2", "imu", "C"]
+    rows = [
+        [str(a - l1), str(b - l2), str(c - L), str(a), str(b), str(c), v]
+        for a, b, c, v in zip(m1.tolist(), m2.tolist(), mu.tolist(), values)
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    print(f"# {args.basis} rule l1={l1} l2={l2} L={L}: {len(rows)} non-zero coefficients", file=out)
+    print("# m = magnetic numbers, i = offset indices (m + l)", file=out)
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)), file=out)
+    for r in rows:
+        print("  ".join(x.rjust(w) for x, w in zip(r, widths)), file=out)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line interface.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        Exit status: 0 on success, 2 on a usage or argument error (a one-line
+        ``python -m cg: error: ...`` message on stderr, no traceback).
+    """
+    out, err = sys.stdout, sys.stderr
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            raise _UsageError("a command is required: tables or show (see --help)")
+        if args.command == "tables":
+            return _cmd_tables(args, out, err)
+        return _cmd_show(args, out)
+    except SystemExit as exc:  # --help / --version
+        return exc.code if isinstance(exc.code, int) else 0
+    except (_UsageError, ValueError, KeyError, OSError) as exc:
+        msg = str(exc).replace("\n", " ")
+        print(f"{PROG}: error: {msg}", file=err)
+        return 2
