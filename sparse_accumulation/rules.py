@@ -38,6 +38,7 @@ class PreparedRule:
     input_sizes: tuple
     output_size: int
     _device_tensors: dict = field(default_factory=dict, repr=False)
+    _groupings: dict = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -61,6 +62,22 @@ class PreparedRule:
                 arrays = tuple(np.asarray(a, dtype=np.int64) for a in (self.m1, self.m2, self.mu))
                 cached = tuple(torch.from_numpy(a).to(device) for a in arrays) + (arrays,)
                 self._device_tensors[device] = cached
+        return cached
+
+    def grouped_by(self, name: str) -> tuple:
+        """``(order, starts)``: a stable permutation sorting the nonzeros by index array ``name`` ("m1", "m2"
+        or "mu"), and offsets such that group ``j`` (value ``j``) is ``order[starts[j]:starts[j + 1]]``."""
+        with self._lock:
+            cached = self._groupings.get(name)
+        if cached is None:
+            M1, M2 = self.input_sizes
+            sizes = {"m1": M1, "m2": M2, "mu": self.output_size}
+            values = np.asarray(getattr(self, name), dtype=np.int64)
+            order = np.argsort(values, kind="stable")
+            starts = np.searchsorted(values[order], np.arange(sizes[name] + 1)).astype(np.int64)
+            cached = (order, starts)
+            with self._lock:
+                self._groupings[name] = cached
         return cached
 
     def swapped(self, role: str) -> "PreparedRule":

@@ -1,9 +1,11 @@
 """CPU kernels with numba: row-blocked, parallel over blocks of rows, no races, no ``[rows, nnz]`` buffer.
 
-Each parallel iteration copies a block of ``BLOCK`` rows of every input into component-major scratch
-(``[M, BLOCK]``), so that the loop over nonzeros runs a contiguous, vectorizable loop over the rows of the
-block; the output block is then written back. Arrays reach numba as flat buffers plus (row, component)
-strides, so one compiled specialization per dtype serves every memory layout (transposed views included).
+Each parallel iteration copies a block of rows of every input into component-major scratch (``[M, block]``),
+so that the work runs as contiguous, vectorizable loops over the rows of the block; results are written back
+row-major. Nonzeros are visited grouped by the component they write (the rule sorted by ``mu`` for the
+forward, by ``m1`` / ``m2`` for the input gradients) and four at a time, so each accumulator row is loaded
+and stored once per four products. Arrays reach numba as flat buffers plus (row, component) strides, so one
+compiled specialization per dtype serves every memory layout (transposed and broadcast views included).
 
 16-bit inputs are computed in float32. numba's default threading layer is not safe for concurrent calls
 from several Python threads, so calls are serialized with a lock (each call already uses every core).
@@ -16,9 +18,11 @@ import numba
 import numpy as np
 import torch
 
-BLOCK = 128
+FORWARD_BLOCK = 128
+BACKWARD_BLOCK = 128
 
 _lock = threading.Lock()
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
 @numba.njit(inline="always")
@@ -38,76 +42,119 @@ def _store_block(scratch, first_row, n, out):
             out[base + j] = scratch[j, r]
 
 
+@numba.njit(inline="always")
+def _grouped_products(target, a, b, c, ia, ib, starts, n):
+    """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n]``."""
+    for j in range(target.shape[0]):
+        o = target[j]
+        k = starts[j]
+        end = starts[j + 1]
+        while k + 4 <= end:
+            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
+            a1, b1, c1 = a[ia[k + 1]], b[ib[k + 1]], c[k + 1]
+            a2, b2, c2 = a[ia[k + 2]], b[ib[k + 2]], c[k + 2]
+            a3, b3, c3 = a[ia[k + 3]], b[ib[k + 3]], c[k + 3]
+            for r in range(n):
+                o[r] += (c0 * a0[r] * b0[r] + c1 * a1[r] * b1[r]) + (c2 * a2[r] * b2[r] + c3 * a3[r] * b3[r])
+            k += 4
+        while k < end:
+            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
+            for r in range(n):
+                o[r] += c0 * a0[r] * b0[r]
+            k += 1
+
+
+@numba.njit(inline="always")
+def _grouped_products_and_sums(target, own, a, b, c, ia, ib, starts, order, n, partial, zero):
+    """:func:`_grouped_products`, plus ``partial[order[k]] = sum_r own[j, r] * a[ia[k], r] * b[ib[k], r]``.
+
+    With ``target`` the gradient of ``own`` this gives dC for free: the products ``a * b`` are already loaded.
+    """
+    for j in range(target.shape[0]):
+        o = target[j]
+        x = own[j]
+        k = starts[j]
+        end = starts[j + 1]
+        while k + 4 <= end:
+            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
+            a1, b1, c1 = a[ia[k + 1]], b[ib[k + 1]], c[k + 1]
+            a2, b2, c2 = a[ia[k + 2]], b[ib[k + 2]], c[k + 2]
+            a3, b3, c3 = a[ia[k + 3]], b[ib[k + 3]], c[k + 3]
+            s0 = s1 = s2 = s3 = zero
+            for r in range(n):
+                p0 = a0[r] * b0[r]
+                p1 = a1[r] * b1[r]
+                p2 = a2[r] * b2[r]
+                p3 = a3[r] * b3[r]
+                o[r] += (c0 * p0 + c1 * p1) + (c2 * p2 + c3 * p3)
+                s0 += x[r] * p0
+                s1 += x[r] * p1
+                s2 += x[r] * p2
+                s3 += x[r] * p3
+            partial[order[k]] = s0
+            partial[order[k + 1]] = s1
+            partial[order[k + 2]] = s2
+            partial[order[k + 3]] = s3
+            k += 4
+        while k < end:
+            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
+            s0 = zero
+            for r in range(n):
+                p0 = a0[r] * b0[r]
+                o[r] += c0 * p0
+                s0 += x[r] * p0
+            partial[order[k]] = s0
+            k += 1
+
+
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
-def _forward(x1, s1r, s1m, M1, x2, s2r, s2m, M2, c, m1, m2, mu, out, output_size, rows):
-    n_blocks = (rows + BLOCK - 1) // BLOCK
-    for block in numba.prange(n_blocks):
-        first = block * BLOCK
-        n = min(BLOCK, rows - first)
-        t1 = np.empty((M1, BLOCK), dtype=out.dtype)
-        t2 = np.empty((M2, BLOCK), dtype=out.dtype)
-        acc = np.zeros((output_size, BLOCK), dtype=out.dtype)
+def _forward(x1, s1r, s1m, M1, x2, s2r, s2m, M2, c, m1, m2, starts, out, output_size, rows, block):
+    n_blocks = (rows + block - 1) // block
+    for index in numba.prange(n_blocks):
+        first = index * block
+        n = min(block, rows - first)
+        t1 = np.empty((M1, block), dtype=out.dtype)
+        t2 = np.empty((M2, block), dtype=out.dtype)
+        acc = np.zeros((output_size, block), dtype=out.dtype)
         _load_block(x1, s1r, s1m, first, n, t1)
         _load_block(x2, s2r, s2m, first, n, t2)
-        for k in range(c.shape[0]):
-            ck = c[k]
-            a = t1[m1[k]]
-            b = t2[m2[k]]
-            o = acc[mu[k]]
-            for r in range(n):
-                o[r] += ck * a[r] * b[r]
+        _grouped_products(acc, t1, t2, c, m1, m2, starts, n)
         _store_block(acc, first, n, out)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract", "reassoc"})
-def _backward(g, sgr, sgm, output_size, x1, s1r, s1m, M1, x2, s2r, s2m, M2, c, m1, m2, mu,
-              d1, d2, partial, rows, zero, want_x1, want_x2, want_c):
-    n_blocks = (rows + BLOCK - 1) // BLOCK
-    for block in numba.prange(n_blocks):
-        first = block * BLOCK
-        n = min(BLOCK, rows - first)
-        tg = np.empty((output_size, BLOCK), dtype=x1.dtype)
-        t1 = np.empty((M1, BLOCK), dtype=x1.dtype)
-        t2 = np.empty((M2, BLOCK), dtype=x1.dtype)
-        a1 = np.zeros((M1, BLOCK), dtype=x1.dtype)
-        a2 = np.zeros((M2, BLOCK), dtype=x1.dtype)
+def _backward(g, sgr, sgm, output_size, x1, s1r, s1m, M1, x2, s2r, s2m, M2,
+              c_1, mu_1, m2_1, starts_1, order_1, c_2, m1_2, mu_2, starts_2, m1, m2, mu,
+              d1, d2, partial, rows, block, zero, want_x1, want_x2, want_c):
+    n_blocks = (rows + block - 1) // block
+    for index in numba.prange(n_blocks):
+        first = index * block
+        n = min(block, rows - first)
+        tg = np.empty((output_size, block), dtype=x1.dtype)
+        t1 = np.empty((M1, block), dtype=x1.dtype)
+        t2 = np.empty((M2, block), dtype=x1.dtype)
         _load_block(g, sgr, sgm, first, n, tg)
         _load_block(x1, s1r, s1m, first, n, t1)
         _load_block(x2, s2r, s2m, first, n, t2)
-        for k in range(m1.shape[0]):
-            gk = tg[mu[k]]
-            u = t1[m1[k]]
-            v = t2[m2[k]]
-            ck = c[k]
-            if want_x1 and want_x2 and want_c:
-                # The common case in one loop: each operand is loaded once for all three gradients.
-                o1 = a1[m1[k]]
-                o2 = a2[m2[k]]
-                total = zero
-                for r in range(n):
-                    cg = ck * gk[r]
-                    o1[r] += cg * v[r]
-                    o2[r] += cg * u[r]
-                    total += gk[r] * u[r] * v[r]
-                partial[block, k] = total
-                continue
-            if want_x1:
-                o = a1[m1[k]]
-                for r in range(n):
-                    o[r] += ck * gk[r] * v[r]
-            if want_x2:
-                o = a2[m2[k]]
-                for r in range(n):
-                    o[r] += ck * gk[r] * u[r]
+        if want_x1:  # dX1[m1] += C G[mu] X2[m2], grouped by m1 (and dC on the way when wanted)
+            a1 = np.zeros((M1, block), dtype=x1.dtype)
             if want_c:
+                _grouped_products_and_sums(a1, t1, tg, t2, c_1, mu_1, m2_1, starts_1, order_1, n,
+                                           partial[index], zero)
+            else:
+                _grouped_products(a1, tg, t2, c_1, mu_1, m2_1, starts_1, n)
+            _store_block(a1, first, n, d1)
+        if want_x2:  # dX2[m2] += C X1[m1] G[mu], grouped by m2
+            a2 = np.zeros((M2, block), dtype=x1.dtype)
+            _grouped_products(a2, t1, tg, c_2, m1_2, mu_2, starts_2, n)
+            _store_block(a2, first, n, d2)
+        if want_c and not want_x1:  # dC[k] = sum_r G[mu] X1[m1] X2[m2], one partial sum per block
+            for k in range(m1.shape[0]):
+                u, v, w = tg[mu[k]], t1[m1[k]], t2[m2[k]]
                 total = zero
                 for r in range(n):
-                    total += gk[r] * u[r] * v[r]
-                partial[block, k] = total
-        if want_x1:
-            _store_block(a1, first, n, d1)
-        if want_x2:
-            _store_block(a2, first, n, d2)
+                    total += u[r] * v[r] * w[r]
+                partial[index, k] = total
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -127,45 +174,58 @@ def _flat(x: torch.Tensor, dtype: torch.dtype):
     return x.as_strided((span,), (1,)).numpy(), row_stride, col_stride
 
 
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
+    # numpy asks for transparent huge pages on large buffers; first-touch page faults of a fresh torch
+    # allocation cost as much as the whole kernel on some machines.
+    return torch.from_numpy(np.empty(shape, dtype=_NUMPY[dtype]))
+
+
+def _coefficients(C: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    return C.detach().to(dtype).contiguous().numpy()
 
 
 def accumulate(X1, X2, C, rule, output_size):
     """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
     dtype = _compute_dtype(X1.dtype)
     rows = X1.shape[0]
-    out = torch.empty(rows, output_size, dtype=dtype)
+    out = _empty((rows, output_size), dtype)
     if rows and output_size:
-        m1, m2, mu = rule.numpy()
+        order, starts = rule.grouped_by("mu")
+        m1, m2, _ = rule.numpy()
         x1, s1r, s1m = _flat(X1, dtype)
         x2, s2r, s2m = _flat(X2, dtype)
-        c = C.detach().to(dtype).contiguous().numpy()
+        c = _coefficients(C, dtype)[order]
         with _lock:
-            _forward(x1, s1r, s1m, X1.shape[1], x2, s2r, s2m, X2.shape[1], c, m1, m2, mu,
-                     out.view(-1).numpy(), output_size, rows)
+            _forward(x1, s1r, s1m, X1.shape[1], x2, s2r, s2m, X2.shape[1], c, m1[order], m2[order], starts,
+                     out.view(-1).numpy(), output_size, rows, FORWARD_BLOCK)
     return out.to(X1.dtype)
 
 
 def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
-    """Fused gradients ``(dX1, dX2, dC)`` of the forward for the output gradient ``G`` in one pass over rows.
+    """Gradients ``(dX1, dX2, dC)`` for the output gradient ``G`` in one pass over the rows.
 
     Entries not wanted come back as ``None``. See :mod:`sparse_accumulation.kernels`.
     """
     dtype = _compute_dtype(X1.dtype)
     rows, (M1, M2) = X1.shape[0], rule.input_sizes
-    d1 = torch.zeros(rows, M1, dtype=dtype) if want_x1 else torch.empty(0, dtype=dtype)
-    d2 = torch.zeros(rows, M2, dtype=dtype) if want_x2 else torch.empty(0, dtype=dtype)
-    partial = np.zeros(((rows + BLOCK - 1) // BLOCK if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
-    if rows and rule.nnz and (want_x1 or want_x2 or want_c):
+    d1 = _empty((rows, M1) if want_x1 else (0,), dtype)
+    d2 = _empty((rows, M2) if want_x2 else (0,), dtype)
+    n_blocks = (rows + BACKWARD_BLOCK - 1) // BACKWARD_BLOCK
+    partial = np.zeros((n_blocks if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
+    if rows and (want_x1 or want_x2 or want_c):
         m1, m2, mu = rule.numpy()
+        order_1, starts_1 = rule.grouped_by("m1")
+        order_2, starts_2 = rule.grouped_by("m2")
         g, sgr, sgm = _flat(G, dtype)
         x1, s1r, s1m = _flat(X1, dtype)
         x2, s2r, s2m = _flat(X2, dtype)
-        c = C.detach().to(dtype).contiguous().numpy()
+        c = _coefficients(C, dtype)
         with _lock:
-            _backward(g, sgr, sgm, G.shape[1], x1, s1r, s1m, M1, x2, s2r, s2m, M2, c, m1, m2, mu,
-                      d1.view(-1).numpy(), d2.view(-1).numpy(), partial, rows, _NUMPY[dtype](0),
-                      want_x1, want_x2, want_c)
+            _backward(g, sgr, sgm, G.shape[1], x1, s1r, s1m, M1, x2, s2r, s2m, M2,
+                      c[order_1], mu[order_1], m2[order_1], starts_1, order_1,
+                      c[order_2], m1[order_2], mu[order_2], starts_2, m1, m2, mu,
+                      d1.view(-1).numpy(), d2.view(-1).numpy(), partial, rows, BACKWARD_BLOCK,
+                      _NUMPY[dtype](0), want_x1, want_x2, want_c)
     # dC sums the per-block partials in float64 in a fixed order: deterministic and accurate.
     dC = torch.from_numpy(partial.sum(axis=0, dtype=np.float64)).to(X1.dtype) if want_c else None
     return (d1.to(X1.dtype) if want_x1 else None, d2.to(X1.dtype) if want_x2 else None, dC)
