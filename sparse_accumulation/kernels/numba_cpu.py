@@ -13,6 +13,7 @@ from several Python threads, so calls are serialized with a lock (each call alre
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import numba
 import numpy as np
@@ -21,7 +22,25 @@ import torch
 FORWARD_BLOCK = 128
 BACKWARD_BLOCK = 128
 
+#: below this many rows a call runs on one thread: waking the thread pool costs more than the work
+SERIAL_ROWS = 512
+
 _lock = threading.Lock()
+
+
+@contextmanager
+def _launch(rows: int):
+    """Serialize kernel calls (numba's thread pool is not reentrant) and pick the thread count."""
+    with _lock:
+        if rows >= SERIAL_ROWS:
+            yield
+            return
+        previous = numba.get_num_threads()
+        numba.set_num_threads(1)
+        try:
+            yield
+        finally:
+            numba.set_num_threads(previous)
 _NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 
 
@@ -195,7 +214,7 @@ def accumulate(X1, X2, C, rule, output_size):
         x1, s1r, s1m = _flat(X1, dtype)
         x2, s2r, s2m = _flat(X2, dtype)
         c = _coefficients(C, dtype)[order]
-        with _lock:
+        with _launch(rows):
             _forward(x1, s1r, s1m, X1.shape[1], x2, s2r, s2m, X2.shape[1], c, m1[order], m2[order], starts,
                      out.view(-1).numpy(), output_size, rows, FORWARD_BLOCK)
     return out.to(X1.dtype)
@@ -220,7 +239,7 @@ def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=T
         x1, s1r, s1m = _flat(X1, dtype)
         x2, s2r, s2m = _flat(X2, dtype)
         c = _coefficients(C, dtype)
-        with _lock:
+        with _launch(rows):
             _backward(g, sgr, sgm, G.shape[1], x1, s1r, s1m, M1, x2, s2r, s2m, M2,
                       c[order_1], mu[order_1], m2[order_1], starts_1, order_1,
                       c[order_2], m1[order_2], mu[order_2], starts_2, m1, m2, mu,
