@@ -38,7 +38,7 @@ class PreparedRule:
     input_sizes: tuple
     output_size: int
     _device_tensors: dict = field(default_factory=dict, repr=False)
-    _groupings: dict = field(default_factory=dict, repr=False)
+    _groupings: dict = field(default_factory=dict, repr=False)  # derived data: groupings, swapped rules
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -83,11 +83,19 @@ class PreparedRule:
     def swapped(self, role: str) -> "PreparedRule":
         """The rule of a gradient: ``role="X1"`` swaps m1 and mu (dX1), ``role="X2"`` swaps m2 and mu (dX2)."""
         M1, M2 = self.input_sizes
+        with self._lock:
+            cached = self._groupings.get(("swapped", role))
+        if cached is not None:
+            return cached
         if role == "X1":
-            return _prepared_from_tuples(self.mu, self.m2, self.m1, (self.output_size, M2), M1)
-        if role == "X2":
-            return _prepared_from_tuples(self.m1, self.mu, self.m2, (M1, self.output_size), M2)
-        raise ValueError(f"role must be 'X1' or 'X2', got {role!r}")
+            cached = _prepared_from_tuples(self.mu, self.m2, self.m1, (self.output_size, M2), M1)
+        elif role == "X2":
+            cached = _prepared_from_tuples(self.m1, self.mu, self.m2, (M1, self.output_size), M2)
+        else:
+            raise ValueError(f"role must be 'X1' or 'X2', got {role!r}")
+        with self._lock:
+            self._groupings[("swapped", role)] = cached
+        return cached
 
 
 _swapped_cache: "OrderedDict[tuple, PreparedRule]" = OrderedDict()

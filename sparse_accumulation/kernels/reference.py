@@ -53,4 +53,11 @@ def sparse_matmul(X1, X2, mu, output_size, m1, m2, C):
     indices = torch.stack([mu.long(), m1.long() * M2 + m2.long()])
     sparse = torch.sparse_coo_tensor(indices, C, (output_size, M1 * M2), check_invariants=True).coalesce()
     outer = (X1.unsqueeze(-1) * X2.unsqueeze(-2)).reshape(-1, M1 * M2)
-    return torch.sparse.mm(sparse, outer.T).T.reshape(*lead, output_size)
+    # CUDA's sparse.mm returns wrong values once the dense operand has 2**20 columns or more (seen with
+    # torch 2.11): multiply in chunks of rows below that.
+    chunks = [torch.sparse.mm(sparse, part.T).T for part in outer.split(_SPARSE_MM_ROWS)]
+    out = torch.cat(chunks) if chunks else outer.new_zeros(0, output_size)
+    return out.reshape(*lead, output_size)
+
+
+_SPARSE_MM_ROWS = 1 << 19
