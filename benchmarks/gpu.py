@@ -237,6 +237,13 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
         def ours_fwdbwd(X1, X2, G):
             X1 = X1.detach().requires_grad_(True)
             X2 = X2.detach().requires_grad_(True)
+            out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
+                          implementation="triton")
+            return torch.autograd.grad(out, (X1, X2), G.view(A, B, O))
+
+        def ours_fwdbwd_C(X1, X2, G):
+            X1 = X1.detach().requires_grad_(True)
+            X2 = X2.detach().requires_grad_(True)
             out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, Cg,
                           implementation="triton")
             return torch.autograd.grad(out, (X1, X2, Cg), G.view(A, B, O))
@@ -244,10 +251,10 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
         def ours_double(X1, X2, G):
             X1 = X1.detach().requires_grad_(True)
             X2 = X2.detach().requires_grad_(True)
-            out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, Cg,
+            out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
                           implementation="triton")
             d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(A, B, O), create_graph=True)
-            return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2, Cg))
+            return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
     else:
         result["notes"].append("fwd+bwd composed from the kernels (public API not importable); "
                                "no double backward")
@@ -258,22 +265,32 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             return (triton_gpu.accumulate(G, X2, C, rule1, M1), triton_gpu.accumulate(X1, G, C, rule2, M2),
                     triton_gpu.accumulate_dC(G, X1, X2, rule))
 
-        ours_double = None
+        ours_double = ours_fwdbwd_C = None
 
     def ref_fwdbwd(fwd):
         def run(X1, X2, G):
             X1 = X1.detach().requires_grad_(True)
             X2 = X2.detach().requires_grad_(True)
-            return torch.autograd.grad(fwd(X1, X2, Cg), (X1, X2, Cg), G)
+            return torch.autograd.grad(fwd(X1, X2, C), (X1, X2), G)
         return run
+
+    def index_add_fwdbwd_C(X1, X2, G):
+        X1 = X1.detach().requires_grad_(True)
+        X2 = X2.detach().requires_grad_(True)
+        return torch.autograd.grad(impls["index_add"][0](X1, X2, Cg), (X1, X2, Cg), G)
 
     grads_ref = None
     for impl, fn in (("index_add", ref_fwdbwd(impls["index_add"][0])), ("ours", ours_fwdbwd),
-                     ("dense", ref_fwdbwd(impls["dense"][0]))):
+                     ("dense", ref_fwdbwd(impls["dense"][0])), ("index_addC", index_add_fwdbwd_C),
+                     ("oursC", ours_fwdbwd_C)):
+        if fn is None or (impl == "index_addC" and ours_fwdbwd_C is None):
+            continue
         try:
             grads = fn(X1, X2, G)
-            if impl == "index_add":
+            if impl.startswith("index_add"):
                 grads_ref = grads
+                if impl == "index_addC":
+                    continue
             else:
                 result["errors"][f"{impl}_fwdbwd"] = max(rel_error(a, b) for a, b in zip(grads, grads_ref))
             result["ms"][f"{impl}_fwdbwd"] = bench(lambda: fn(*inputs.next()), device,
@@ -293,9 +310,9 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             def index_add_double(X1, X2, G):
                 X1 = X1.detach().requires_grad_(True)
                 X2 = X2.detach().requires_grad_(True)
-                out = impls["index_add"][0](X1, X2, Cg)
+                out = impls["index_add"][0](X1, X2, C)
                 d1, d2 = torch.autograd.grad(out, (X1, X2), G, create_graph=True)
-                return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2, Cg))
+                return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
             # checked on a slice (the index_add double backward is memory hungry)
             Xs = [t[:20000].contiguous() for t in (X1, X2, G)]
             A_s, B_s = 1, Xs[0].shape[0]
@@ -303,10 +320,10 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             def ours_double_small(X1, X2, G):
                 X1 = X1.detach().requires_grad_(True)
                 X2 = X2.detach().requires_grad_(True)
-                out = _PUBLIC(X1.view(A_s, B_s, M1), X2.view(A_s, B_s, M2), mu_d, O, m1_d, m2_d, Cg,
+                out = _PUBLIC(X1.view(A_s, B_s, M1), X2.view(A_s, B_s, M2), mu_d, O, m1_d, m2_d, C,
                               implementation="triton")
                 d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(A_s, B_s, O), create_graph=True)
-                return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2, Cg))
+                return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
             got, want = ours_double_small(*Xs), index_add_double(*Xs)
             result["errors"]["ours_double"] = max(rel_error(a, b) for a, b in zip(got, want))
             result["ms"]["ours_double"] = bench(lambda: ours_double(*inputs.next()), device, 100.0)
@@ -354,6 +371,43 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
     return result
 
 
+def profile_host_overhead(device):
+    """Per-call host time of forward+backward on a small input, and where it goes (cProfile)."""
+    import cProfile
+    import pstats
+
+    m1, m2, mu, C = (t.to(device) for t in _public_module().get_cg_transformation_rule(2, 2, 2))
+    X1, X2, G = (torch.randn(1000, 5, device=device) for _ in range(3))
+
+    def step():
+        a, b = X1.detach().requires_grad_(), X2.detach().requires_grad_()
+        out = _PUBLIC(a, b, mu, 5, m1, m2, C, implementation="triton")
+        return torch.autograd.grad(out, (a, b), G)
+
+    for _ in range(20):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(200):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    log(f"\nhost time per forward+backward (2x2->2, 1000 rows): {(time.perf_counter() - start) / 200 * 1e6:.0f} us")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(200):
+        step()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+
+
+def _public_module():
+    import sparse_accumulation
+
+    return sparse_accumulation
+
+
 def fmt(v, digits=3):
     if v is None:
         return "n/a"
@@ -361,7 +415,7 @@ def fmt(v, digits=3):
 
 
 def table(results):
-    head = ["case", "floor fwd/bwd", "tile fwd", "columns fwd", "ours fwd+bwd", "double bwd",
+    head = ["case", "floor fwd/bwd", "tile fwd", "columns fwd", "ours fwd+bwd", "+dC", "double bwd",
             "index_add fwd/bwd", "dense fwd/bwd", "e3nn fwd/bwd", "%copy fwd/bwd"]
     rows = []
     for r in results:
@@ -370,7 +424,7 @@ def table(results):
                        for x in (r["copy_bw_fraction_fwd"], r["copy_bw_fraction_fwdbwd"]))
         rows.append([r["case"], f"{fmt(r['floor_fwd_ms'])}/{fmt(r['floor_fwdbwd_ms'])}",
                      fmt(ms.get("ours_tile_fwd")), fmt(ms.get("ours_columns_fwd")), fmt(ms.get("ours_fwdbwd")),
-                     fmt(ms.get("ours_double")),
+                     fmt(ms.get("oursC_fwdbwd")), fmt(ms.get("ours_double")),
                      f"{fmt(ms.get('index_add_fwd'))}/{fmt(ms.get('index_add_fwdbwd'))}",
                      f"{fmt(ms.get('dense_fwd'))}/{fmt(ms.get('dense_fwdbwd'))}",
                      f"{fmt(ms.get('e3nn_fwd'))}/{fmt(ms.get('e3nn_fwdbwd'))}", pct])
@@ -386,6 +440,8 @@ def main(argv=None):
     parser.add_argument("--small", action="store_true", help="tiny rows (a CPU smoke test under TRITON_INTERPRET=1)")
     parser.add_argument("--cases", help="comma-separated case names to run (default: all)")
     parser.add_argument("--no-e3nn", action="store_true", help="skip e3nn")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the host (Python) side of 2x2->2 forward+backward on 1000 rows")
     args = parser.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
@@ -413,6 +469,8 @@ def main(argv=None):
     for r in results:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())
         log(f"{r['case']}: rel.err vs index_add: {errs}; rule: {r['rule'][:60]}; notes: {'; '.join(r['notes'])}")
+    if args.profile:
+        profile_host_overhead(device)
     if args.json:
         import triton
 

@@ -10,6 +10,8 @@ from .api import accumulate, accumulate_active_dim_first, accumulate_active_dim_
 from .backends import get_default_implementation, is_available, set_default_implementation
 from .kernels import reference
 from .modules import CGCalculatorSingle, get_cg_transformation_rule
+from . import products
+from .products import ClebschGordanIteration, ClebschGordanProduct
 
 __version__ = "0.1.0"
 
@@ -22,6 +24,9 @@ __all__ = [
     "is_available",
     "get_cg_transformation_rule",
     "CGCalculatorSingle",
+    "ClebschGordanProduct",
+    "ClebschGordanIteration",
+    "products",
     "reference",
     "ops",
 ]

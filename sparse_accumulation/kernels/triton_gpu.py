@@ -83,6 +83,11 @@ DC_STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_DC_STRATEGY", "columns"
 INTERPRETER_DC_BLOCKS = 2
 INTERPRETER_DC_CHUNK = 8
 
+#: widest active dimension (max of M1, M2, output_size) for which the input gradients use the fused kernel;
+#: measured on an H100, 2e6 rows fp32 (benchmarks/gpu_breakdown.py): fused 0.089 / 0.196 / 0.599 ms against two
+#: swapped forwards 0.147 / 0.200 / 0.534 ms at l = 2 / 4 / 8
+FUSED_GRADIENTS_MAX_WIDTH = 9
+
 _INT32_LIMIT = 2**31 - 1
 _MAX_BLOCK_R = 1024
 
@@ -619,16 +624,18 @@ def accumulate_input_gradients(G: torch.Tensor, X1: torch.Tensor, X2: torch.Tens
 def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
     """Gradients ``(dX1, dX2, dC)`` (``None`` where not wanted); see :mod:`sparse_accumulation.kernels`.
 
-    Both input gradients come from one kernel; when only one is wanted it is a forward kernel of the
-    swapped rule (half the reads of the fused one); dC has its own deterministic kernel.
+    For narrow rules both input gradients come from one kernel (G, X1, X2 read once); for wider ones, and when
+    only one gradient is wanted, each is a forward kernel of the swapped rule, which holds fewer values per
+    row (see :data:`FUSED_GRADIENTS_MAX_WIDTH`); dC has its own deterministic kernel.
     """
     d1 = d2 = None
-    if want_x1 and want_x2:
+    if want_x1 and want_x2 and max(*rule.input_sizes, rule.output_size) <= FUSED_GRADIENTS_MAX_WIDTH:
         d1, d2 = accumulate_input_gradients(G, X1, X2, C, rule)
-    elif want_x1:
-        d1 = accumulate(G, X2, C, rule.swapped("X1"), rule.input_sizes[0])
-    elif want_x2:
-        d2 = accumulate(X1, G, C, rule.swapped("X2"), rule.input_sizes[1])
+    else:
+        if want_x1:
+            d1 = accumulate(G, X2, C, rule.swapped("X1"), rule.input_sizes[0])
+        if want_x2:
+            d2 = accumulate(X1, G, C, rule.swapped("X2"), rule.input_sizes[1])
     return d1, d2, accumulate_dC(G, X1, X2, rule) if want_c else None
 
 
