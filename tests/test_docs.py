@@ -102,3 +102,11 @@ def test_sphinx_builds_without_warnings(tmp_path):
     api = (tmp_path / "html" / "api.html").read_text(encoding="utf-8")
     for name in ["sparse_accumulation.accumulate", "CGCalculatorSingle", "cg.clebsch_gordan", "run_benchmark"]:
         assert name in api
+
+
+def test_readme_example_runs_as_written():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "README.md has no python example"
+    for number, block in enumerate(blocks, start=1):
+        exec(compile(block, f"README.md (python block {number})", "exec"), {"__name__": "readme"})  # noqa: S102
