@@ -6,7 +6,8 @@ import pytest
 import sympy
 
 import cg
-from cg_test_helpers import fitted_real_wigner_d, fresh_rng, random_rotation, real_sph_harm, triples
+from cg_test_helpers import fitted_real_wigner_d, fresh_rng, triples
+from rotation_helpers import random_rotation, real_sph_harm
 
 torch = pytest.importorskip("torch")
 o3 = pytest.importorskip("e3nn.o3")

@@ -1,6 +1,5 @@
 """CoefficientTable: build, save/load round trip, corrupt files, shipped tables."""
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest

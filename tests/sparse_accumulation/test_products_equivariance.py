@@ -6,7 +6,8 @@ import torch
 
 from sparse_accumulation.products import ClebschGordanIteration, ClebschGordanProduct, irreps_dim, normalize_irreps
 
-from products_helpers import fitted_wigner_d, random_rotation, relative_error, rotate
+from products_helpers import relative_error, rotate
+from rotation_helpers import fitted_wigner_d, random_rotation
 
 LMAX = 4
 
@@ -43,6 +44,12 @@ def _wigner(basis, generator, lmax):
     return D
 
 
+# Bound on the equivariance error. Fitted D matrices are exact to ~1e-14; e3nn's float64 wigner_D is not:
+# D(a) D(b) - D(ab) reached 1.2e-10 over 50 random angle pairs (median 4e-15), so checks against e3nn's D are
+# held to the accuracy of that reference instead.
+TOLERANCE = {"real": 1e-11, "complex": 1e-11, "e3nn": 1e-9}
+
+
 def _check(product, X1, X2, D):
     """Relative error of product(D x1, D x2) against D product(x1, x2)."""
     out = product(X1, X2)
@@ -61,7 +68,7 @@ def test_product_is_equivariant(generator, basis):
     complex_ = basis == "complex"
     X1 = _real_inputs(generator, irreps1, complex_=complex_)
     X2 = _real_inputs(generator, irreps2, complex_=complex_)
-    assert _check(product, X1, X2, D) < 1e-11
+    assert _check(product, X1, X2, D) < TOLERANCE[basis]
 
 
 @pytest.mark.parametrize("basis", ["real", "e3nn"])
@@ -72,7 +79,7 @@ def test_iteration_is_equivariant(generator, basis):
     features = iteration(X)
     rotated = iteration(rotate(X, iteration.irreps[0], D))
     for irreps, f, g in zip(iteration.irreps, features, rotated):
-        assert relative_error(g, rotate(f, irreps, D)) < 1e-11
+        assert relative_error(g, rotate(f, irreps, D)) < TOLERANCE[basis]
 
 
 def test_broken_rule_is_not_equivariant(generator):
