@@ -22,21 +22,6 @@ from .rules import prepare_rule
 _NAMESPACE = "sparse_accumulation"
 
 
-def _backward_kernel(module):
-    """The kernel module's fused backward, or one composed from its forward and dC kernels."""
-    fused = getattr(module, "accumulate_backward", None)
-    if fused is not None:
-        return fused
-
-    def composed(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
-        M1, M2 = rule.input_sizes
-        return (module.accumulate(G, X2, C, rule.swapped("X1"), M1) if want_x1 else None,
-                module.accumulate(X1, G, C, rule.swapped("X2"), M2) if want_x2 else None,
-                module.accumulate_dC(G, X1, X2, rule) if want_c else None)
-
-    return composed
-
-
 @torch.library.custom_op(f"{_NAMESPACE}::accumulate", mutates_args=())
 def accumulate(X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor, m2: Tensor, mu: Tensor, output_size: int,
                implementation: str) -> Tensor:
@@ -56,8 +41,7 @@ def accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor
                         ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`accumulate` for the output gradient ``G``; unwanted ones are empty tensors."""
     rule = prepare_rule(m1, m2, mu, X1.shape[1], X2.shape[1], G.shape[1])
-    kernel = _backward_kernel(backends.kernels(implementation))
-    results = kernel(G, X1, X2, C, rule, want_x1, want_x2, want_c)
+    results = backends.kernels(implementation).accumulate_backward(G, X1, X2, C, rule, want_x1, want_x2, want_c)
     return tuple(X1.new_empty(0) if t is None else t for t in results)
 
 

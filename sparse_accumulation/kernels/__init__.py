@@ -1,6 +1,6 @@
 """Kernels: plain callables on 2-D ``[rows, components]`` tensors, no autograd, no validation.
 
-Every backend module offers the same two functions:
+Every kernel module (numba_cpu, triton_gpu, torch_chunked) offers the same two functions:
 
 * ``accumulate(X1, X2, C, rule, output_size) -> out``:
   ``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``, ``out`` contiguous ``[rows, output_size]``.
