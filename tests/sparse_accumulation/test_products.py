@@ -66,7 +66,7 @@ def test_callable_normalization(generator):
 
 def test_normalizations_give_unit_scale(generator):
     """'component': unit-variance components stay unit variance; 'norm': unit expected norm per block."""
-    n = 20000
+    n = 200000  # the 0.08 bound is then ~12 standard errors of the estimated mean
     for normalization in ("component", "norm"):
         product = ClebschGordanProduct(2, 2, 2, normalization=normalization, dtype=torch.float64)
         X1, X2 = randn(generator, n, 1, 9), randn(generator, n, 1, 9)
