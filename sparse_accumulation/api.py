@@ -19,13 +19,6 @@ from .rules import check_index_tensor, prepare_rule
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-_REFERENCE_FUNCTIONS = {
-    "loops": reference.loops,
-    "index_add": reference.index_add,
-    "dense": reference.dense_matmul,
-    "sparse": reference.sparse_matmul,
-}
-
 
 def _validate(X1, X2, mu, output_size, m1, m2, C, active: str) -> None:
     """Raise ``TypeError``/``ValueError`` for inputs of the wrong kind, shape, dtype or device."""
@@ -68,7 +61,7 @@ def _accumulate_rows(X1, X2, mu, output_size, m1, m2, C, implementation):
     name = backends.resolve(implementation, X1.device)
     if name in backends.REFERENCES:
         prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
-        return _REFERENCE_FUNCTIONS[name](X1, X2, mu, output_size, m1, m2, C).contiguous()
+        return reference.BY_NAME[name](X1, X2, mu, output_size, m1, m2, C).contiguous()
     lead = X1.shape[:-1]
     rows = math.prod(lead)
     out = ops.accumulate(X1.reshape(rows, X1.shape[-1]), X2.reshape(rows, X2.shape[-1]), C, m1, m2, mu,

@@ -224,8 +224,7 @@ def _forward_function(name: str, case: Case, rule) -> Callable:
                               [(0, 0, 0, "uuu", False)], irrep_normalization="none",
                               path_normalization="none").to(device=case.device, dtype=case.dtype)
         return lambda X1, X2, C: tp(X1.reshape(A, -1), X2.reshape(A, -1)).reshape(A, B, O)
-    function = {"loops": reference.loops, "index_add": reference.index_add, "dense": reference.dense_matmul,
-                "sparse": reference.sparse_matmul}[name]
+    function = reference.BY_NAME[name]
     return lambda X1, X2, C: function(X1, X2, mu, O, m1, m2, C)
 
 

@@ -14,3 +14,9 @@ float32.
 
 ``rule`` is a :class:`sparse_accumulation.rules.PreparedRule` whose indices were already checked.
 """
+import torch
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype kernels compute in for inputs of ``dtype``: float64 stays, everything else uses float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -19,6 +19,8 @@ import numba
 import numpy as np
 import torch
 
+from . import accumulation_dtype
+
 FORWARD_BLOCK = 128
 BACKWARD_BLOCK = 128
 
@@ -176,10 +178,6 @@ def _backward(g, sgr, sgm, output_size, x1, s1r, s1m, M1, x2, s2r, s2m, M2,
                 partial[index, k] = total
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _flat(x: torch.Tensor, dtype: torch.dtype):
     """``(buffer, row_stride, col_stride)`` for a 2-D tensor: a flat numpy view spanning its elements."""
     x = x.detach()
@@ -205,7 +203,7 @@ def _coefficients(C: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 def accumulate(X1, X2, C, rule, output_size):
     """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
-    dtype = _compute_dtype(X1.dtype)
+    dtype = accumulation_dtype(X1.dtype)
     rows = X1.shape[0]
     out = _empty((rows, output_size), dtype)
     if rows and output_size:
@@ -225,7 +223,7 @@ def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=T
 
     Entries not wanted come back as ``None``. See :mod:`sparse_accumulation.kernels`.
     """
-    dtype = _compute_dtype(X1.dtype)
+    dtype = accumulation_dtype(X1.dtype)
     rows, (M1, M2) = X1.shape[0], rule.input_sizes
     d1 = _empty((rows, M1) if want_x1 else (0,), dtype)
     d2 = _empty((rows, M2) if want_x2 else (0,), dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["loops", "index_add", "dense_matmul", "sparse_matmul", "dense_coefficients"]
+__all__ = ["loops", "index_add", "dense_matmul", "sparse_matmul", "dense_coefficients", "BY_NAME"]
 
 
 def _output(X1: torch.Tensor, output_size: int) -> torch.Tensor:
@@ -61,3 +61,7 @@ def sparse_matmul(X1, X2, mu, output_size, m1, m2, C):
 
 
 _SPARSE_MM_ROWS = 1 << 19
+
+
+#: the reference implementations by their ``implementation=`` name
+BY_NAME = {"loops": loops, "index_add": index_add, "dense": dense_matmul, "sparse": sparse_matmul}

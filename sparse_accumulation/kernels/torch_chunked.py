@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from . import accumulation_dtype
+
 CHUNK_ELEMENTS = 1 << 22
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _chunk_rows(nnz: int) -> int:
@@ -20,7 +18,7 @@ def _chunk_rows(nnz: int) -> int:
 
 def accumulate(X1, X2, C, rule, output_size):
     """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
-    dtype = _compute_dtype(X1.dtype)
+    dtype = accumulation_dtype(X1.dtype)
     m1, m2, mu, _ = rule.tensors(X1.device)
     out = torch.zeros(X1.shape[0], output_size, dtype=dtype, device=X1.device)
     coefficients = C.to(dtype)
@@ -34,7 +32,7 @@ def accumulate(X1, X2, C, rule, output_size):
 
 def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
     """Gradients ``(dX1, dX2, dC)`` for the output gradient ``G`` (``None`` where not wanted)."""
-    dtype = _compute_dtype(X1.dtype)
+    dtype = accumulation_dtype(X1.dtype)
     m1, m2, mu, _ = rule.tensors(X1.device)
     (M1, M2), rows = rule.input_sizes, X1.shape[0]
     d1 = torch.zeros(rows, M1, dtype=dtype, device=X1.device) if want_x1 else None

@@ -47,6 +47,8 @@ import weakref
 
 import torch
 
+from . import accumulation_dtype
+
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
     import triton.language as tl  # noqa: F401  (used by the generated modules)
@@ -645,7 +647,7 @@ def accumulate_dC(G: torch.Tensor, X1: torch.Tensor, X2: torch.Tensor, rule,
     strategy = _check_strategy(DC_STRATEGY if strategy is None else strategy)
     R = X1.shape[0]
     nnz = rule.nnz
-    acc_dtype = torch.float64 if X1.dtype == torch.float64 else torch.float32
+    acc_dtype = accumulation_dtype(X1.dtype)
     if R == 0 or nnz == 0:
         return torch.zeros(nnz, dtype=X1.dtype, device=X1.device)
     acc = _acc_name(X1.dtype)

@@ -19,7 +19,7 @@ def test_auto_picks_numba_on_cpu():
 def test_set_default_implementation(generator, monkeypatch):
     calls = []
     original = sa.reference.index_add
-    monkeypatch.setitem(sa.api._REFERENCE_FUNCTIONS, "index_add",
+    monkeypatch.setitem(sa.reference.BY_NAME, "index_add",
                         lambda *args: calls.append(1) or original(*args))
     m1, m2, mu, C = random_rule(generator, 3, 3, 3, nnz=6)
     X = torch.randn(4, 3, generator=generator, dtype=torch.float64)
