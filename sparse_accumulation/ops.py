@@ -8,7 +8,8 @@ Ops work on 2-D ``[rows, components]`` tensors of any strides; the public API re
 
 The op is closed under differentiation (gradients are sparse accumulations with roles of the indices
 swapped), so each backward is written with these two ops only and is itself differentiable: double
-backward, and any higher order, comes from the same kernels. Index values are checked inside the ops
+backward, and any higher order, comes from the same kernels (:mod:`.derivatives`). In eager mode the public
+API skips the dispatcher and calls the same kernels through :mod:`.eager`. Index values are checked inside the ops
 (through the cached :func:`~sparse_accumulation.rules.prepare_rule`), where ``torch.compile`` does not trace.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import backends
+from . import backends, derivatives
 from .rules import prepare_rule
 
 _NAMESPACE = "sparse_accumulation"
@@ -75,49 +76,23 @@ def _setup_backward(ctx, inputs, output):
     ctx.wanted = (want_x1, want_x2, want_c)
 
 
-def _sum(terms):
-    terms = [t for t in terms if t is not None]
-    if not terms:
-        return None
-    total = terms[0]
-    for t in terms[1:]:
-        total = total + t
-    return total
-
-
 def _accumulate_backward_grad(ctx, gg1, gg2, ggC):
-    """Differentiate ``(dX1, dX2, dC)`` again; every term is one of the two ops, with swapped index roles.
-
-    With ``dX1[m1] += C G[mu] X2[m2]``, ``dX2[m2] += C G[mu] X1[m1]`` and ``dC = sum G[mu] X1[m1] X2[m2]``,
-    the gradient of ``<gg1, dX1> + <gg2, dX2> + <ggC, dC>`` is a sum of sparse accumulations.
-    """
+    """Differentiate ``(dX1, dX2, dC)`` again with the same two ops (see :mod:`.derivatives`)."""
     G, X1, X2, C, m1, m2, mu = ctx.saved_tensors
     impl = ctx.implementation
-    gg1, gg2, ggC = (g if wanted else None for g, wanted in zip((gg1, gg2, ggC), ctx.wanted))
-    need_G, need_X1, need_X2, need_C = ctx.needs_input_grad[:4]
-    O, M1, M2 = G.shape[1], X1.shape[1], X2.shape[1]
+    upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggC), ctx.wanted))
+    rules = {None: (m1, m2, mu, G.shape[1]), "X1": (mu, m2, m1, X1.shape[1]), "X2": (m1, mu, m2, X2.shape[1])}
 
-    def acc(a, b, c, i1, i2, out_index, size):
+    def acc(a, b, c, role):
+        i1, i2, out_index, size = rules[role]
         return accumulate(a, b, c, i1, i2, out_index, size, impl)
 
-    def coefficient_grad(a, b):
+    def coefficient_gradient(a, b):
         return accumulate_backward(G, a, b, C, m1, m2, mu, impl, False, False, True)[2]
 
-    dG = dX1 = dX2 = dC = None
-    if need_G:
-        dG = _sum([acc(gg1, X2, C, m1, m2, mu, O) if gg1 is not None else None,
-                   acc(X1, gg2, C, m1, m2, mu, O) if gg2 is not None else None,
-                   acc(X1, X2, ggC, m1, m2, mu, O) if ggC is not None else None])
-    if need_X1:
-        dX1 = _sum([acc(G, gg2, C, mu, m2, m1, M1) if gg2 is not None else None,
-                    acc(G, X2, ggC, mu, m2, m1, M1) if ggC is not None else None])
-    if need_X2:
-        dX2 = _sum([acc(gg1, G, C, m1, mu, m2, M2) if gg1 is not None else None,
-                    acc(X1, G, ggC, m1, mu, m2, M2) if ggC is not None else None])
-    if need_C:
-        dC = _sum([coefficient_grad(gg1, X2) if gg1 is not None else None,
-                   coefficient_grad(X1, gg2) if gg2 is not None else None])
-    return (dG, dX1, dX2, dC) + (None,) * 7
+    grads = derivatives.backward_of_backward(G, X1, X2, C, upstream, ctx.needs_input_grad[:4], acc,
+                                             coefficient_gradient)
+    return grads + (None,) * 7
 
 
 accumulate_backward.register_autograd(_accumulate_backward_grad, setup_context=_setup_backward)

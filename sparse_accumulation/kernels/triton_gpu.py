@@ -60,7 +60,7 @@ except Exception as error:  # pragma: no cover - depends on the environment
 __all__ = ["accumulate", "accumulate_backward", "accumulate_input_gradients", "accumulate_dC", "is_available",
            "STRATEGY", "STRATEGIES"]
 
-STRATEGIES = ("tile", "columns")
+STRATEGIES = ("tile", "pieces", "columns")
 #: default load/store strategy, ``"tile"`` or ``"columns"``
 STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_STRATEGY", "tile")
 
@@ -149,92 +149,104 @@ def _emit_prologue(code: _Code, names) -> None:
     code("rmask = rows < R")
 
 
+def _segments(size: int, strategy: str):
+    """``(start, width)`` column ranges of a ``[R, size]`` tensor, each moved by one access per program.
+
+    "columns": every column alone; "tile": one power-of-two range covering all (masked past ``size``);
+    "pieces": the binary decomposition of ``size`` (17 = 16 + 1), so that no lane is masked off."""
+    if strategy == "columns" or size == 1:
+        return [(j, 1) for j in range(size)]
+    if strategy == "tile":
+        return [(0, _next_pow2(size))]
+    segments, start = [], 0
+    for bit in reversed(range(size.bit_length())):
+        if size & (1 << bit):
+            segments.append((start, 1 << bit))
+            start += 1 << bit
+    return segments
+
+
 def _emit_column_loads(code: _Code, var: str, ptr: str, s_r: str, s_m: str, size: int, used,
                        strategy: str, acc: str) -> dict:
-    """Load the used columns of a [R, size] input; returns {column: variable name} (in ``acc`` dtype)."""
-    used = sorted(set(used))
+    """Load the used columns of a [R, size] input; returns {column: variable name} (in ``acc`` dtype).
+
+    A segment of width 1 is one strided vector load; a wider one is a coalesced 2-D load of a
+    ``[BLOCK_R, width]`` tile, split into its columns at compile time (``tl.reshape`` to
+    ``[BLOCK_R, 2, ..., 2]``, then a tree of ``tl.split``)."""
+    used = set(used)
     names = {}
-    if strategy == "columns" or size == 1:
-        code(f"{var}_base = {ptr} + rows * {s_r}")
-        for j in used:
-            offset = "" if j == 0 else f" + {j} * {s_m}"
-            code(f"{var}{j} = tl.load({var}_base{offset}, mask=rmask, other=0.0).to({acc})")
+    code(f"{var}_base = {ptr} + rows * {s_r}")
+    for start, width in _segments(size, strategy):
+        columns = [j for j in range(start, start + width) if j in used]
+        if not columns:
+            continue
+        offset = "" if start == 0 else f" + {start} * {s_m}"
+        if width == 1:
+            code(f"{var}{start} = tl.load({var}_base{offset}, mask=rmask, other=0.0).to({acc})")
+            names[start] = f"{var}{start}"
+            continue
+        bits = _log2(width)
+        tile = f"{var}_{start}"
+        code(f"{tile}_cols = tl.arange(0, {width})")
+        mask = "rmask[:, None]" if start + width <= size else f"rmask[:, None] & ({tile}_cols[None, :] < {size - start})"
+        code(f"{tile}_t = tl.load({var}_base[:, None]{offset} + {tile}_cols[None, :] * {s_m}, "
+             f"mask={mask}, other=0.0)")
+        code(f"{tile}_t = tl.reshape({tile}_t, [{', '.join(['BLOCK_R'] + ['2'] * bits)}])")
+        # after the reshape the last dimension is bit 0 of the column index: a tensor at depth d with value v
+        # holds the columns c with c % 2**d == v; tl.split separates bit d
+        relative = {j - start for j in columns}
+
+        def split(name, depth, value):
+            if depth == bits:
+                return
+            low, high = value, value + (1 << depth)
+            low_name, high_name = f"{tile}_{depth + 1}_{low}", f"{tile}_{depth + 1}_{high}"
+            code(f"{low_name}, {high_name} = tl.split({name})")
+            for child_name, child in ((low_name, low), (high_name, high)):
+                if any(c % (1 << (depth + 1)) == child for c in relative):
+                    split(child_name, depth + 1, child)
+
+        split(f"{tile}_t", 0, 0)
+        for j in columns:
+            code(f"{var}{j} = {tile}_{bits}_{j - start}.to({acc})")
             names[j] = f"{var}{j}"
-        return names
-
-    pad = _next_pow2(size)
-    bits = _log2(pad)
-    code(f"{var}_cols = tl.arange(0, {pad})")
-    mask = "rmask[:, None]" if pad == size else f"rmask[:, None] & ({var}_cols[None, :] < {size})"
-    code(f"{var}_t = tl.load({ptr} + rows[:, None] * {s_r} + {var}_cols[None, :] * {s_m}, "
-         f"mask={mask}, other=0.0)")
-    shape = ", ".join(["BLOCK_R"] + ["2"] * bits)
-    code(f"{var}_t = tl.reshape({var}_t, [{shape}])")
-    # after the reshape the last dimension is bit 0 of the column index: a tensor at depth d with value v
-    # holds the columns c with c % 2**d == v; tl.split separates bit d
-    used_set = set(used)
-
-    def needed(depth, value):
-        return any(c % (1 << depth) == value for c in used_set)
-
-    def split(name, depth, value):
-        if depth == bits:
-            return
-        low, high = value, value + (1 << depth)
-        low_name = f"{var}_{depth + 1}_{low}"
-        high_name = f"{var}_{depth + 1}_{high}"
-        code(f"{low_name}, {high_name} = tl.split({name})")
-        for child_name, child in ((low_name, low), (high_name, high)):
-            if needed(depth + 1, child):
-                split(child_name, depth + 1, child)
-
-    split(f"{var}_t", 0, 0)
-    for j in used:
-        code(f"{var}{j} = {var}_{bits}_{j}.to({acc})")
-        names[j] = f"{var}{j}"
     return names
 
 
 def _emit_output(code: _Code, groups, out_ptr: str, width: int, strategy: str, acc: str, out_ty: str,
                  prefix: str) -> None:
-    """Sum and store every column of a contiguous ``[R, width]`` output.
+    """Sum and store every column of a contiguous ``[R, width]`` output, segment by segment.
 
     ``groups`` maps an output column to its terms ``(k, left, right)``: ``column += left * right * C[k]``,
-    ``left``/``right`` names of loaded column vectors; columns without terms are stored as zeros.
+    ``left``/``right`` names of loaded column vectors; columns without terms are stored as zeros. A wide
+    segment is built by a tree of ``tl.join`` and stored as one 2-D tile.
     """
-
-    def emit_sum(o):
-        for i, (k, left, right) in enumerate(groups[o]):
-            term = f"{left} * {right} * tl.load(C + {k}).to({acc})"
-            code(f"{prefix}{o} = {term}" if i == 0 else f"{prefix}{o} = {prefix}{o} + {term}")
-
-    if strategy == "columns" or width == 1:
-        code(f"{prefix}_base = {out_ptr} + rows * {width}")
-        for o in range(width):
-            ptr = f"{prefix}_base" if o == 0 else f"{prefix}_base + {o}"
+    code(f"{prefix}_base = {out_ptr} + rows * {width}")
+    zero = None
+    for start, size in _segments(width, strategy):
+        leaves = []
+        for o in range(start, start + size):
             if o in groups:
-                emit_sum(o)
-                code(f"tl.store({ptr}, {prefix}{o}.to({out_ty}), mask=rmask)")
+                for i, (k, left, right) in enumerate(groups[o]):
+                    term = f"{left} * {right} * tl.load(C + {k}).to({acc})"
+                    code(f"{prefix}{o} = {term}" if i == 0 else f"{prefix}{o} = {prefix}{o} + {term}")
+                code(f"{prefix}y{o} = {prefix}{o}.to({out_ty})")
+                leaves.append(f"{prefix}y{o}")
             else:
-                code(f"tl.store({ptr}, tl.full([BLOCK_R], 0, dtype={out_ty}), mask=rmask)")
-        return
-
-    pad = _next_pow2(width)
-    leaves = []
-    for o in range(pad):
-        if o in groups:
-            emit_sum(o)
-            code(f"{prefix}y{o} = {prefix}{o}.to({out_ty})")
-            leaves.append(f"{prefix}y{o}")
-        else:
-            leaves.append(f"{prefix}_zero")
-    if len(groups) < pad:
-        code(f"{prefix}_zero = tl.full([BLOCK_R], 0, dtype={out_ty})")
-    tree = _join_tree(code, leaves, f"{prefix}j")
-    code(f"{prefix}_t = tl.reshape({tree}, [BLOCK_R, {pad}])")
-    code(f"{prefix}_cols = tl.arange(0, {pad})")
-    mask = "rmask[:, None]" if pad == width else f"rmask[:, None] & ({prefix}_cols[None, :] < {width})"
-    code(f"tl.store({out_ptr} + rows[:, None] * {width} + {prefix}_cols[None, :], {prefix}_t, mask={mask})")
+                if zero is None:
+                    zero = f"{prefix}_zero"
+                    code(f"{zero} = tl.full([BLOCK_R], 0, dtype={out_ty})")
+                leaves.append(zero)
+        offset = "" if start == 0 else f" + {start}"
+        if size == 1:
+            code(f"tl.store({prefix}_base{offset}, {leaves[0]}, mask=rmask)")
+            continue
+        tree = _join_tree(code, leaves, f"{prefix}j{start}_")
+        cols = f"{prefix}_cols{start}"
+        code(f"{cols} = tl.arange(0, {size})")
+        mask = "rmask[:, None]" if start + size <= width else f"rmask[:, None] & ({cols}[None, :] < {width - start})"
+        code(f"tl.store({prefix}_base[:, None]{offset} + {cols}[None, :], tl.reshape({tree}, [BLOCK_R, {size}]), "
+             f"mask={mask})")
 
 
 def _header(name: str, comment: str, signature: str) -> _Code:
@@ -251,12 +263,13 @@ def _forward_source(rule, strategy: str, acc: str, name: str) -> str:
     code = _header(name, f"rule: M1={M1} M2={M2} output_size={O} nnz={rule.nnz} strategy={strategy}",
                    "X1, X2, C, OUT, R, s1r, s1m, s2r, s2m, R_BUCKET, LAYOUT")
     _emit_prologue(code, ("s1r", "s1m", "s2r", "s2m"))
-    x1 = _emit_column_loads(code, "a", "X1", "s1r", "s1m", M1, rule.m1, strategy, acc)
-    x2 = _emit_column_loads(code, "b", "X2", "s2r", "s2m", M2, rule.m2, strategy, acc)
+    loads, stores = _split_strategy(strategy)
+    x1 = _emit_column_loads(code, "a", "X1", "s1r", "s1m", M1, rule.m1, loads, acc)
+    x2 = _emit_column_loads(code, "b", "X2", "s2r", "s2m", M2, rule.m2, loads, acc)
     groups = {}
     for k, (a, b, o) in enumerate(zip(rule.m1, rule.m2, rule.mu)):
         groups.setdefault(o, []).append((k, x1[a], x2[b]))
-    _emit_output(code, groups, "OUT", O, strategy, acc, "OUT.dtype.element_ty", "acc")
+    _emit_output(code, groups, "OUT", O, stores, acc, "OUT.dtype.element_ty", "acc")
     return code.text()
 
 
@@ -270,15 +283,16 @@ def _input_gradients_source(rule, strategy: str, acc: str, name: str) -> str:
                          f"strategy={strategy}",
                    "G, X1, X2, C, D1, D2, R, sgr, sgm, s1r, s1m, s2r, s2m, R_BUCKET, LAYOUT")
     _emit_prologue(code, ("sgr", "sgm", "s1r", "s1m", "s2r", "s2m"))
-    g = _emit_column_loads(code, "g", "G", "sgr", "sgm", O, rule.mu, strategy, acc)
-    x1 = _emit_column_loads(code, "a", "X1", "s1r", "s1m", M1, rule.m1, strategy, acc)
-    x2 = _emit_column_loads(code, "b", "X2", "s2r", "s2m", M2, rule.m2, strategy, acc)
+    loads, stores = _split_strategy(strategy)
+    g = _emit_column_loads(code, "g", "G", "sgr", "sgm", O, rule.mu, loads, acc)
+    x1 = _emit_column_loads(code, "a", "X1", "s1r", "s1m", M1, rule.m1, loads, acc)
+    x2 = _emit_column_loads(code, "b", "X2", "s2r", "s2m", M2, rule.m2, loads, acc)
     groups1, groups2 = {}, {}
     for k, (a, b, o) in enumerate(zip(rule.m1, rule.m2, rule.mu)):
         groups1.setdefault(a, []).append((k, g[o], x2[b]))
         groups2.setdefault(b, []).append((k, g[o], x1[a]))
-    _emit_output(code, groups1, "D1", M1, strategy, acc, "D1.dtype.element_ty", "d1_")
-    _emit_output(code, groups2, "D2", M2, strategy, acc, "D2.dtype.element_ty", "d2_")
+    _emit_output(code, groups1, "D1", M1, stores, acc, "D1.dtype.element_ty", "d1_")
+    _emit_output(code, groups2, "D2", M2, stores, acc, "D2.dtype.element_ty", "d2_")
     return code.text()
 
 
@@ -328,6 +342,7 @@ def _dC_source(rule, strategy: str, acc: str, name: str, chunk_size: int) -> str
     M1, M2 = rule.input_sizes
     O = rule.output_size
     chunks, width, _ = _dC_plan(rule, chunk_size)
+    loads = _split_strategy(strategy)[0]  # dC stores only its partial sums
     code = _Code()
     # a local combine function instead of tl.sum: triton's own @jit helpers are created when triton is
     # imported, so under the interpreter they only work if TRITON_INTERPRET was set before that import;
@@ -357,9 +372,9 @@ def _dC_source(rule, strategy: str, acc: str, name: str, chunk_size: int) -> str
         body = _Code(base=0)
         body("rows = first + i * BLOCK_R + tl.arange(0, BLOCK_R)")
         body("rmask = rows < R")
-        g = _emit_column_loads(body, "g", "G", "sgr", "sgm", O, [o for o, _, _ in items], strategy, acc)
-        x1 = _emit_column_loads(body, "a", "X1", "s1r", "s1m", M1, [a for _, a, _ in items], strategy, acc)
-        x2 = _emit_column_loads(body, "b", "X2", "s2r", "s2m", M2, [b for _, _, b in items], strategy, acc)
+        g = _emit_column_loads(body, "g", "G", "sgr", "sgm", O, [o for o, _, _ in items], loads, acc)
+        x1 = _emit_column_loads(body, "a", "X1", "s1r", "s1m", M1, [a for _, a, _ in items], loads, acc)
+        x2 = _emit_column_loads(body, "b", "X2", "s2r", "s2m", M2, [b for _, _, b in items], loads, acc)
         previous = None
         for i, (o, a, b) in enumerate(items):
             if (o, a) != previous:
@@ -459,10 +474,17 @@ def _acc_name(dtype: torch.dtype) -> str:
     return "tl.float64" if dtype == torch.float64 else "tl.float32"
 
 
+def _split_strategy(strategy: str) -> tuple:
+    """``"loads+stores"`` (or one name for both) -> ``(loads, stores)``."""
+    loads, _, stores = strategy.partition("+")
+    return loads, stores or loads
+
+
 def _check_strategy(strategy):
     strategy = STRATEGY if strategy is None else strategy
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if not isinstance(strategy, str) or not all(s in STRATEGIES for s in _split_strategy(strategy)):
+        raise ValueError(f"strategy must be one of {STRATEGIES}, or 'loads+stores' with two of them, "
+                         f"got {strategy!r}")
     return strategy
 
 
@@ -470,7 +492,8 @@ def _row_configs(sizes, used_columns: int, acc: str, strategy: str):
     """(BLOCK_R, num_warps) pairs to tune over, best guess first, from a per-row register estimate.
 
     ``sizes``: widths of every tensor a row touches; ``used_columns``: column vectors held under "columns"."""
-    width = sum(_next_pow2(n) for n in sizes) if strategy == "tile" else used_columns
+    loads = _split_strategy(strategy)[0]
+    width = {"tile": sum(_next_pow2(n) for n in sizes), "pieces": sum(sizes)}.get(loads, used_columns)
     if acc == "tl.float64":
         width *= 2
     fitting = [rpt for rpt in ROWS_PER_THREAD if rpt * width <= REGISTER_BUDGET] or [1]

@@ -37,7 +37,7 @@ if _PREVIOUS_INTERPRET is None:
 else:
     os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
 
-STRATEGIES = ("tile", "columns")
+STRATEGIES = triton_gpu.STRATEGIES
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
@@ -54,7 +54,7 @@ def _interpreter():
 
 def make_rule(name):
     """(prepared rule, m1, m2, mu as numpy, M1, M2, output_size)."""
-    rng = np.random.default_rng({"random": 1, "cg_like": 2, "single": 3, "wide": 4}[name])
+    rng = np.random.default_rng({"random": 1, "cg_like": 2, "single": 3, "wide": 4, "odd": 5}[name])
     if name == "random":
         # unsorted, duplicated entries; output column 5 (the last) is never hit
         M1, M2, O, nnz = 5, 3, 6, 24
@@ -80,6 +80,10 @@ def make_rule(name):
         # power-of-two sizes (no column padding), output larger than the inputs
         M1, M2, O, nnz = 4, 2, 8, 30
         m1, m2, mu = rng.integers(0, M1, nnz), rng.integers(0, M2, nnz), rng.integers(0, O, nnz)
+    elif name == "odd":
+        # sizes of three power-of-two segments (7 = 4 + 2 + 1); X1's columns 4..6 and output column 6 unused
+        M1, M2, O, nnz = 7, 7, 7, 40
+        m1, m2, mu = rng.integers(0, 4, nnz), rng.integers(0, M2, nnz), rng.integers(0, O - 1, nnz)
     else:
         raise ValueError(name)
     rule = prepare_rule(torch.as_tensor(m1), torch.as_tensor(m2), torch.as_tensor(mu), M1, M2, O)
@@ -133,7 +137,7 @@ def test_is_available():
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide"])
+@pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide", "odd"])
 @pytest.mark.parametrize("R", [0, 1, 7, 33])
 def test_forward_float64(strategy, name, R):
     rule, m1, m2, mu, M1, M2, O = make_rule(name)
@@ -189,7 +193,7 @@ def test_forward_int64_offsets(strategy, monkeypatch):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide"])
+@pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide", "odd"])
 @pytest.mark.parametrize("R", [0, 1, 33, 70])
 def test_dC_float64(strategy, name, R):
     rule, m1, m2, mu, M1, M2, O = make_rule(name)
@@ -313,7 +317,7 @@ def test_gpu_dC(strategy, dtype):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("name", ["random", "cg_like"])
+@pytest.mark.parametrize("name", ["random", "cg_like", "odd"])
 def test_fused_input_gradients(strategy, name):
     """One kernel computes dX1 and dX2 (columns no nonzero reaches are zero) as the swapped-rule forwards do."""
     rule, m1, m2, mu, M1, M2, O = make_rule(name)
