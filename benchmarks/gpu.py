@@ -7,9 +7,11 @@ For each case (real CG rule l1 x l2 -> L, rows = A x B in the ``[A, B, M]`` layo
 contiguous) it prints the correctness of every timed implementation against ``index_add`` and times (median,
 ``triton.testing.do_bench``; inputs rotated over copies larger than L2 where a set of inputs would fit there):
 
-* ours forward, each load/store strategy (``triton_gpu.STRATEGIES``); forward+backward and double backward
-  through the public API ``sparse_accumulation.accumulate(..., implementation="triton")`` when importable,
-  else forward+backward composed from the kernels (forward, two swapped-rule forwards, dC);
+* ours forward kernel alone, each load/store strategy (``triton_gpu.STRATEGIES``);
+* ours through the public API ``sparse_accumulation.accumulate(..., implementation="triton")`` when importable
+  (else forward+backward composed from the kernels): forward, forward+backward, with the gradient of C, and
+  double backward, as called from Python ("eager"); forward and forward+backward also replayed from a CUDA
+  graph (``triton.testing.do_bench_cudagraph``: the GPU time, without the host's launch overhead);
 * references: torch ``index_add``, dense matmul over the outer product (may not fit: n/a), e3nn ``uuu``
   TensorProduct when e3nn is importable (its own coefficients and basis: timed, not checked).
 
@@ -106,6 +108,14 @@ def bench(fn, device, budget_ms=100.0):
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def bench_graph(fn, device, budget_ms=100.0):
+    """Median milliseconds of ``fn()`` replayed from a CUDA graph: the GPU time of the work, without the
+    host's launch overhead (what ``torch.compile(mode="reduce-overhead")`` or a captured training step sees)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench_cudagraph(fn, rep=budget_ms, return_mode="median"))
 
 
 def copy_bandwidth(device, small):
@@ -305,6 +315,23 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
         log(f"  {impl:14s} fwd+bwd  rel.err {result['errors'].get(f'{impl}_fwdbwd', 0.0):.2e}  "
             f"{fmt(result['ms'][f'{impl}_fwdbwd'])} ms")
 
+    if _PUBLIC is not None:
+        def ours_public_fwd(X1, X2):
+            return _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C, implementation="triton")
+
+        timings = [("ours_public_fwd", bench, lambda: ours_public_fwd(*inputs.next()[:2]))]
+        if device.type == "cuda":
+            timings += [("ours_public_fwd_graph", bench_graph, lambda: ours_public_fwd(*inputs.next()[:2])),
+                        ("ours_fwdbwd_graph", bench_graph, lambda: ours_fwdbwd(*inputs.next()))]
+        for key, timer, fn in timings:
+            try:
+                result["ms"][key] = timer(fn, device)
+            except Exception as error:
+                traceback.print_exc()
+                result["notes"].append(f"{key}: {type(error).__name__}")
+                result["ms"][key] = None
+            log(f"  {key:22s} {fmt(result['ms'][key])} ms")
+
     if ours_double is not None:
         try:
             def index_add_double(X1, X2, G):
@@ -360,10 +387,10 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
                 f"fwd+bwd {fmt(result['ms'].get('e3nn_fwdbwd'))} ms")
             del tp
 
-    # the default strategy is what the public API runs
-    default = result["ms"].get(f"ours_{triton_gpu.STRATEGY}_fwd")
-    result["copy_bw_fraction_fwd"] = result["floor_fwd_ms"] / default if default else None
-    fb = result["ms"].get("ours_fwdbwd")
+    # GPU time of what the public API runs (graph replay), else the default strategy's kernel alone
+    fwd = result["ms"].get("ours_public_fwd_graph") or result["ms"].get(f"ours_{triton_gpu.STRATEGY}_fwd")
+    result["copy_bw_fraction_fwd"] = result["floor_fwd_ms"] / fwd if fwd else None
+    fb = result["ms"].get("ours_fwdbwd_graph") or result["ms"].get("ours_fwdbwd")
     result["copy_bw_fraction_fwdbwd"] = result["floor_fwdbwd_ms"] / fb if fb else None
     del inputs, X1, X2, G, impls, expected
     if device.type == "cuda":
@@ -416,7 +443,7 @@ def fmt(v, digits=3):
 
 def table(results):
     head = ["case", "floor fwd/bwd"] + [f"{s} fwd" for s in triton_gpu.STRATEGIES] + [
-            "ours fwd+bwd", "+dC", "double bwd",
+            "public fwd eager/graph", "fwd+bwd eager/graph", "+dC", "double bwd",
             "index_add fwd/bwd", "dense fwd/bwd", "e3nn fwd/bwd", "%copy fwd/bwd"]
     rows = []
     for r in results:
@@ -425,7 +452,8 @@ def table(results):
                        for x in (r["copy_bw_fraction_fwd"], r["copy_bw_fraction_fwdbwd"]))
         rows.append([r["case"], f"{fmt(r['floor_fwd_ms'])}/{fmt(r['floor_fwdbwd_ms'])}"]
                     + [fmt(ms.get(f"ours_{s}_fwd")) for s in triton_gpu.STRATEGIES]
-                    + [fmt(ms.get("ours_fwdbwd")),
+                    + [f"{fmt(ms.get('ours_public_fwd'))}/{fmt(ms.get('ours_public_fwd_graph'))}",
+                       f"{fmt(ms.get('ours_fwdbwd'))}/{fmt(ms.get('ours_fwdbwd_graph'))}",
                      fmt(ms.get("oursC_fwdbwd")), fmt(ms.get("ours_double")),
                      f"{fmt(ms.get('index_add_fwd'))}/{fmt(ms.get('index_add_fwdbwd'))}",
                      f"{fmt(ms.get('dense_fwd'))}/{fmt(ms.get('dense_fwdbwd'))}",
@@ -466,8 +494,9 @@ def main(argv=None):
             A, B = 3, 7
         results.append(run_case(case_name, l1, l2, L, A, B, dtype, device, copy_bw, args))
     elapsed = time.perf_counter() - start
-    log(f"\nms, median (floor = bytes / copy bandwidth; %copy = floor / ours, the forward with the default "
-        f"strategy {triton_gpu.STRATEGY!r}); total {elapsed:.0f} s")
+    log(f"\nms, median (floor = bytes / copy bandwidth; <strategy> fwd: the kernel alone; eager: the public API "
+        f"as called from Python; graph: the same replayed from a CUDA graph, i.e. GPU time without launch "
+        f"overhead; %copy = floor / graph time); total {elapsed:.0f} s")
     log(table(results))
     for r in results:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())

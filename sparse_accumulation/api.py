@@ -62,14 +62,13 @@ def _accumulate_rows(X1, X2, mu, output_size, m1, m2, C, implementation):
     if name in backends.REFERENCES:
         prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
         return reference.BY_NAME[name](X1, X2, mu, output_size, m1, m2, C).contiguous()
+    if eager.applies(X1, X2, C, m1, m2, mu):
+        rule = prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
+        return eager.accumulate(X1, X2, C, rule, backends.kernels(name))
     lead = X1.shape[:-1]
     rows = math.prod(lead)
-    X1, X2 = X1.reshape(rows, X1.shape[-1]), X2.reshape(rows, X2.shape[-1])
-    if eager.applies(X1, X2, C, m1, m2, mu):
-        rule = prepare_rule(m1, m2, mu, X1.shape[1], X2.shape[1], output_size)
-        out = eager.accumulate(X1, X2, C, rule, backends.kernels(name))
-    else:
-        out = ops.accumulate(X1, X2, C, m1, m2, mu, output_size, name)
+    out = ops.accumulate(X1.reshape(rows, X1.shape[-1]), X2.reshape(rows, X2.shape[-1]), C, m1, m2, mu,
+                         output_size, name)
     return out.reshape(*lead, output_size)
 
 

@@ -10,6 +10,8 @@ since only they have fake implementations and dispatcher registrations.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import derivatives
@@ -25,8 +27,14 @@ def applies(*tensors) -> bool:
 
 
 def accumulate(X1, X2, C, rule, kernels):
-    """Differentiable ``kernels.accumulate(X1, X2, C, rule, rule.output_size)`` on 2-D inputs."""
+    """Differentiable sparse accumulation of ``[..., M1]`` and ``[..., M2]`` inputs with equal leading
+    dimensions; returns ``[..., rule.output_size]``. Reshaping happens inside, so autograd records one node."""
     return _Accumulate.apply(X1, X2, C, rule, kernels)
+
+
+def _flat(t):
+    """``[..., M]`` -> ``[rows, M]`` (a view where possible)."""
+    return t if t.dim() == 2 else t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
 class _Accumulate(torch.autograd.Function):
@@ -34,13 +42,20 @@ class _Accumulate(torch.autograd.Function):
     def forward(ctx, X1, X2, C, rule, kernels):
         ctx.save_for_backward(X1, X2, C)
         ctx.rule, ctx.kernels = rule, kernels
-        return kernels.accumulate(X1, X2, C, rule, rule.output_size)
+        out = kernels.accumulate(_flat(X1), _flat(X2), C, rule, rule.output_size)
+        return out if X1.dim() == 2 else out.reshape(*X1.shape[:-1], rule.output_size)
 
     @staticmethod
     def backward(ctx, G):
         X1, X2, C = ctx.saved_tensors
-        grads = _AccumulateBackward.apply(G, X1, X2, C, ctx.rule, ctx.kernels, *ctx.needs_input_grad[:3])
-        return (*grads, None, None)
+        wanted = ctx.needs_input_grad[:3]
+        args = (_flat(G), _flat(X1), _flat(X2), C, ctx.rule, ctx.kernels)
+        if torch.is_grad_enabled():  # create_graph: the gradients must be differentiable themselves
+            d1, d2, dC = _AccumulateBackward.apply(*args, *wanted)
+        else:
+            d1, d2, dC = ctx.kernels.accumulate_backward(*args[:5], *wanted)
+        return (None if d1 is None else d1.reshape(X1.shape), None if d2 is None else d2.reshape(X2.shape), dC,
+                None, None)
 
 
 class _AccumulateBackward(torch.autograd.Function):

@@ -60,9 +60,9 @@ except Exception as error:  # pragma: no cover - depends on the environment
 __all__ = ["accumulate", "accumulate_backward", "accumulate_input_gradients", "accumulate_dC", "is_available",
            "STRATEGY", "STRATEGIES"]
 
-STRATEGIES = ("tile", "pieces", "columns")
+STRATEGIES = ("auto", "tile", "pieces", "columns")
 #: default load/store strategy, ``"tile"`` or ``"columns"``
-STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_STRATEGY", "tile")
+STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_STRATEGY", "auto")
 
 #: forward kernels on CUDA autotune over at most 4 (BLOCK_R, num_warps) configurations picked from these rows
 #: per thread and warps by a register estimate (see ``_row_configs``); environment
@@ -85,10 +85,11 @@ DC_STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_DC_STRATEGY", "columns"
 INTERPRETER_DC_BLOCKS = 2
 INTERPRETER_DC_CHUNK = 8
 
-#: widest active dimension (max of M1, M2, output_size) for which the input gradients use the fused kernel;
-#: measured on an H100, 2e6 rows fp32 (benchmarks/gpu_breakdown.py): fused 0.089 / 0.196 / 0.599 ms against two
-#: swapped forwards 0.147 / 0.200 / 0.534 ms at l = 2 / 4 / 8
-FUSED_GRADIENTS_MAX_WIDTH = 9
+#: widest active dimension (max of M1, M2, output_size) for which the input gradients use the fused kernel
+#: (beyond it a program would hold too many values per row); measured on an H200, 2e6 rows fp32, "pieces"
+#: loads (benchmarks/gpu_breakdown.py): fused 0.064 / 0.122 / 0.328 ms against two swapped forwards
+#: 0.082 / 0.147 / 0.344 ms at l = 2 / 4 / 8
+FUSED_GRADIENTS_MAX_WIDTH = 17
 
 _INT32_LIMIT = 2**31 - 1
 _MAX_BLOCK_R = 1024
@@ -213,6 +214,19 @@ def _emit_column_loads(code: _Code, var: str, ptr: str, s_r: str, s_m: str, size
     return names
 
 
+def _factored_terms(terms, acc: str) -> list:
+    """Expressions summing to ``sum left * right * C[k]`` over ``terms`` ``(k, left, right)``, with the side
+    that has fewer distinct vectors factored out: ``x * (y1 * C[k1] + y2 * C[k2])`` costs one
+    multiply-add per nonzero plus one per distinct factor instead of two per nonzero (the l = 8 kernels are
+    close to instruction-bound)."""
+    if len({left for _, left, _ in terms}) > len({right for _, _, right in terms}):
+        terms = [(k, right, left) for k, left, right in terms]
+    by_factor = {}
+    for k, factor, other in terms:
+        by_factor.setdefault(factor, []).append(f"{other} * tl.load(C + {k}).to({acc})")
+    return [f"{factor} * ({' + '.join(parts)})" for factor, parts in by_factor.items()]
+
+
 def _emit_output(code: _Code, groups, out_ptr: str, width: int, strategy: str, acc: str, out_ty: str,
                  prefix: str) -> None:
     """Sum and store every column of a contiguous ``[R, width]`` output, segment by segment.
@@ -227,8 +241,7 @@ def _emit_output(code: _Code, groups, out_ptr: str, width: int, strategy: str, a
         leaves = []
         for o in range(start, start + size):
             if o in groups:
-                for i, (k, left, right) in enumerate(groups[o]):
-                    term = f"{left} * {right} * tl.load(C + {k}).to({acc})"
+                for i, term in enumerate(_factored_terms(groups[o], acc)):
                     code(f"{prefix}{o} = {term}" if i == 0 else f"{prefix}{o} = {prefix}{o} + {term}")
                 code(f"{prefix}y{o} = {prefix}{o}.to({out_ty})")
                 leaves.append(f"{prefix}y{o}")
@@ -253,37 +266,49 @@ def _header(name: str, comment: str, signature: str) -> _Code:
     code = _Code()
     code.lines = ["import triton", "import triton.language as tl", "", ""]
     code(f"# {comment}", 0)
-    code(f"def {name}({signature}, BLOCK_R: tl.constexpr, IDX64: tl.constexpr):", 0)
+    code(f"def {name}({signature}, BLOCK_R: tl.constexpr, IDX64: tl.constexpr, STORE_TILE: tl.constexpr):", 0)
     return code
 
 
-def _forward_source(rule, strategy: str, acc: str, name: str) -> str:
+def _emit_stores(code: _Code, stores: tuple, emit) -> None:
+    """``emit(code, name)`` for the one store strategy in ``stores``, or for ``("tile", other)`` both, under
+    a compile-time branch on the ``STORE_TILE`` constexpr (autotuning then picks one)."""
+    if len(stores) == 1:
+        emit(code, stores[0])
+        return
+    for i, name in enumerate(stores):
+        code("if STORE_TILE:" if i == 0 else "else:")
+        branch = _Code(base=code.base + 1)
+        emit(branch, name)
+        code.lines += branch.lines
+
+
+def _forward_source(rule, loads: str, stores: tuple, acc: str, name: str) -> str:
     M1, M2 = rule.input_sizes
     O = rule.output_size
-    code = _header(name, f"rule: M1={M1} M2={M2} output_size={O} nnz={rule.nnz} strategy={strategy}",
+    code = _header(name, f"rule: M1={M1} M2={M2} output_size={O} nnz={rule.nnz} loads={loads} stores={stores}",
                    "X1, X2, C, OUT, R, s1r, s1m, s2r, s2m, R_BUCKET, LAYOUT")
     _emit_prologue(code, ("s1r", "s1m", "s2r", "s2m"))
-    loads, stores = _split_strategy(strategy)
     x1 = _emit_column_loads(code, "a", "X1", "s1r", "s1m", M1, rule.m1, loads, acc)
     x2 = _emit_column_loads(code, "b", "X2", "s2r", "s2m", M2, rule.m2, loads, acc)
     groups = {}
     for k, (a, b, o) in enumerate(zip(rule.m1, rule.m2, rule.mu)):
         groups.setdefault(o, []).append((k, x1[a], x2[b]))
-    _emit_output(code, groups, "OUT", O, stores, acc, "OUT.dtype.element_ty", "acc")
+    _emit_stores(code, stores,
+                 lambda branch, s: _emit_output(branch, groups, "OUT", O, s, acc, "OUT.dtype.element_ty", "acc"))
     return code.text()
 
 
-def _input_gradients_source(rule, strategy: str, acc: str, name: str) -> str:
+def _input_gradients_source(rule, loads: str, stores: tuple, acc: str, name: str) -> str:
     """dX1 and dX2 in one program: G, X1 and X2 are read once, both gradients written once.
 
     ``dX1[m1] += C G[mu] X2[m2]`` and ``dX2[m2] += C G[mu] X1[m1]``."""
     M1, M2 = rule.input_sizes
     O = rule.output_size
     code = _header(name, f"input gradients of rule: M1={M1} M2={M2} output_size={O} nnz={rule.nnz} "
-                         f"strategy={strategy}",
+                         f"loads={loads} stores={stores}",
                    "G, X1, X2, C, D1, D2, R, sgr, sgm, s1r, s1m, s2r, s2m, R_BUCKET, LAYOUT")
     _emit_prologue(code, ("sgr", "sgm", "s1r", "s1m", "s2r", "s2m"))
-    loads, stores = _split_strategy(strategy)
     g = _emit_column_loads(code, "g", "G", "sgr", "sgm", O, rule.mu, loads, acc)
     x1 = _emit_column_loads(code, "a", "X1", "s1r", "s1m", M1, rule.m1, loads, acc)
     x2 = _emit_column_loads(code, "b", "X2", "s2r", "s2m", M2, rule.m2, loads, acc)
@@ -291,8 +316,12 @@ def _input_gradients_source(rule, strategy: str, acc: str, name: str) -> str:
     for k, (a, b, o) in enumerate(zip(rule.m1, rule.m2, rule.mu)):
         groups1.setdefault(a, []).append((k, g[o], x2[b]))
         groups2.setdefault(b, []).append((k, g[o], x1[a]))
-    _emit_output(code, groups1, "D1", M1, stores, acc, "D1.dtype.element_ty", "d1_")
-    _emit_output(code, groups2, "D2", M2, stores, acc, "D2.dtype.element_ty", "d2_")
+
+    def emit(branch, s):
+        _emit_output(branch, groups1, "D1", M1, s, acc, "D1.dtype.element_ty", "d1_")
+        _emit_output(branch, groups2, "D2", M2, s, acc, "D2.dtype.element_ty", "d2_")
+
+    _emit_stores(code, stores, emit)
     return code.text()
 
 
@@ -475,30 +504,43 @@ def _acc_name(dtype: torch.dtype) -> str:
 
 
 def _split_strategy(strategy: str) -> tuple:
-    """``"loads+stores"`` (or one name for both) -> ``(loads, stores)``."""
+    """``"loads+stores"`` (or one name for both) -> ``(loads, stores)``; ``"auto"`` -> ``("pieces", "auto")``."""
+    if strategy == "auto":
+        return "pieces", "auto"
     loads, _, stores = strategy.partition("+")
     return loads, stores or loads
 
 
 def _check_strategy(strategy):
     strategy = STRATEGY if strategy is None else strategy
-    if not isinstance(strategy, str) or not all(s in STRATEGIES for s in _split_strategy(strategy)):
-        raise ValueError(f"strategy must be one of {STRATEGIES}, or 'loads+stores' with two of them, "
-                         f"got {strategy!r}")
+    valid = isinstance(strategy, str) and (
+        strategy == "auto" or all(s in STRATEGIES[1:] for s in _split_strategy(strategy)))
+    if not valid:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, or 'loads+stores' with two of "
+                         f"{STRATEGIES[1:]}, got {strategy!r}")
     return strategy
 
 
-def _row_configs(sizes, used_columns: int, acc: str, strategy: str):
+def _store_options(stores: str, output_sizes) -> tuple:
+    """The store strategies a kernel is generated with: ``stores`` itself, or for "auto" ``("tile", "pieces")``
+    (autotuned), just ``("pieces",)`` where the two coincide (every output width a power of two)."""
+    if stores != "auto":
+        return (stores,)
+    if all(_segments(n, "tile") == _segments(n, "pieces") for n in output_sizes):
+        return ("pieces",)
+    return ("tile", "pieces")
+
+
+def _row_configs(sizes, used_columns: int, acc: str, loads: str):
     """(BLOCK_R, num_warps) pairs to tune over, best guess first, from a per-row register estimate.
 
     ``sizes``: widths of every tensor a row touches; ``used_columns``: column vectors held under "columns"."""
-    loads = _split_strategy(strategy)[0]
     width = {"tile": sum(_next_pow2(n) for n in sizes), "pieces": sum(sizes)}.get(loads, used_columns)
     if acc == "tl.float64":
         width *= 2
     fitting = [rpt for rpt in ROWS_PER_THREAD if rpt * width <= REGISTER_BUDGET] or [1]
     best = max(fitting)
-    pairs = [(best, 4), (best, 8), (1, 4), (1, 8)]
+    pairs = [(best, 4), (1, 4), (best, 8), (1, 2)]
     configs = []
     for rpt, warps in pairs:
         config = (32 * warps * rpt, warps)
@@ -508,30 +550,37 @@ def _row_configs(sizes, used_columns: int, acc: str, strategy: str):
 
 
 _ROW_KERNELS = {
-    # kind: (source generator, sizes a row touches, column vectors held under "columns")
+    # kind: (source generator, sizes a row touches, output sizes, column vectors held under "columns")
     "fwd": (_forward_source,
             lambda rule: (*rule.input_sizes, rule.output_size),
+            lambda rule: (rule.output_size,),
             lambda rule: len(set(rule.m1)) + len(set(rule.m2)) + 2),
     "grad": (_input_gradients_source,
              lambda rule: (*rule.input_sizes, rule.output_size, *rule.input_sizes),
+             lambda rule: rule.input_sizes,
              lambda rule: len(set(rule.m1)) + len(set(rule.m2)) + len(set(rule.mu)) + 4),
 }
 
 
 def _row_kernel(kind: str, rule, strategy: str, acc: str):
-    """The autotuned kernel of ``kind`` ("fwd" or "grad") for a rule: one program per ``BLOCK_R`` rows."""
+    """The autotuned kernel of ``kind`` ("fwd" or "grad") for a rule: one program per ``BLOCK_R`` rows.
+
+    Autotuning runs over ``(BLOCK_R, num_warps)`` and, for the "auto" strategy, the store strategy."""
     interpret = _interpreting()
-    source, sizes, used_columns = _ROW_KERNELS[kind]
+    source, sizes, output_sizes, used_columns = _ROW_KERNELS[kind]
 
     def build():
-        digest = hashlib.sha256(repr((kind, rule.key, strategy, acc)).encode()).hexdigest()[:12]
+        loads, stores = _split_strategy(strategy)
+        stores = _store_options(stores, output_sizes(rule))
+        digest = hashlib.sha256(repr((kind, rule.key, loads, stores, acc)).encode()).hexdigest()[:12]
         name = f"sparse_accumulation_{kind}_{digest}"
-        fn = triton.jit(_load_function(source(rule, strategy, acc, name), name))
+        fn = triton.jit(_load_function(source(rule, loads, stores, acc, name), name))
         if interpret:
-            configs = [triton.Config({"BLOCK_R": INTERPRETER_BLOCK_R}, num_warps=1)]
+            pairs, tile_flags = [(INTERPRETER_BLOCK_R, 1)], [0]
         else:
-            pairs = _row_configs(sizes(rule), used_columns(rule), acc, strategy)
-            configs = [triton.Config({"BLOCK_R": b}, num_warps=w) for b, w in pairs]
+            pairs = _row_configs(sizes(rule), used_columns(rule), acc, loads)
+            tile_flags = [int(name == "tile") for name in stores] if len(stores) > 1 and AUTOTUNE else [0]
+        configs = [triton.Config({"BLOCK_R": b, "STORE_TILE": t}, num_warps=w) for t in tile_flags for b, w in pairs]
         return triton.autotune(configs=configs, key=["R_BUCKET", "LAYOUT"])(fn)
 
     return _cached(rule, (kind, strategy, acc, interpret, AUTOTUNE), build)

@@ -37,7 +37,8 @@ if _PREVIOUS_INTERPRET is None:
 else:
     os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
 
-STRATEGIES = triton_gpu.STRATEGIES
+STRATEGIES = triton_gpu.STRATEGIES + ("pieces+tile", "tile+pieces")
+LOAD_STRATEGIES = ("tile", "pieces", "columns")  # the dC kernel only loads
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
@@ -192,7 +193,7 @@ def test_forward_int64_offsets(strategy, monkeypatch):
     assert_close(dC, reference_dC(G, X1, X2, m1, m2, mu), torch.float64)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", LOAD_STRATEGIES)
 @pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide", "odd"])
 @pytest.mark.parametrize("R", [0, 1, 33, 70])
 def test_dC_float64(strategy, name, R):
@@ -250,6 +251,31 @@ def test_deterministic(strategy):
     assert torch.equal(first, second)
 
 
+@pytest.mark.parametrize("kind", ["fwd", "grad"])
+def test_auto_kernel_both_store_branches(kind):
+    """The "auto" kernel holds both store strategies behind the STORE_TILE constexpr that autotuning sets
+    (one configuration runs here): each branch writes every element right."""
+    rule, m1, m2, mu, M1, M2, O = make_rule("random")  # widths 5, 3, 6: tile and pieces stores differ
+    R = 37
+    X1, X2, C = inputs(R, M1, M2, rule.nnz, torch.float32)
+    G = torch.randn(R, O, device=DEVICE)
+    kernel = triton_gpu._row_kernel(kind, rule, "auto", "tl.float32")
+    grid = (triton.cdiv(R, 32),)
+    for flag in (0, 1):
+        if kind == "fwd":
+            out = torch.full((R, O), float("nan"), device=DEVICE)
+            kernel.fn[grid](X1, X2, C, out, R, *X1.stride(), *X2.stride(), R.bit_length(), 3, BLOCK_R=32,
+                            IDX64=False, STORE_TILE=flag, num_warps=1)
+            assert_close(out, reference(X1, X2, C, m1, m2, mu, O), torch.float32)
+        else:
+            d1 = torch.full((R, M1), float("nan"), device=DEVICE)
+            d2 = torch.full((R, M2), float("nan"), device=DEVICE)
+            kernel.fn[grid](G, X1, X2, C, d1, d2, R, *G.stride(), *X1.stride(), *X2.stride(), R.bit_length(), 7,
+                            BLOCK_R=32, IDX64=False, STORE_TILE=flag, num_warps=1)
+            assert_close(d1, reference(G, X2, C, mu, m2, m1, M1), torch.float32)
+            assert_close(d2, reference(X1, G, C, m1, mu, m2, M2), torch.float32)
+
+
 def test_empty_rule_and_strategy_check():
     rule = prepare_rule(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
                         torch.zeros(0, dtype=torch.int64), 3, 3, 4)
@@ -302,7 +328,7 @@ def test_gpu_forward(strategy, dtype, transposed):
 
 
 @cuda
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", LOAD_STRATEGIES)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_gpu_dC(strategy, dtype):
     rule, m1, m2, mu, M1, M2, O = _big_rule()
