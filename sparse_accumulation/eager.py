@@ -28,8 +28,16 @@ def applies(*tensors) -> bool:
 
 def accumulate(X1, X2, C, rule, kernels):
     """Differentiable sparse accumulation of ``[..., M1]`` and ``[..., M2]`` inputs with equal leading
-    dimensions; returns ``[..., rule.output_size]``. Reshaping happens inside, so autograd records one node."""
-    return _Accumulate.apply(X1, X2, C, rule, kernels)
+    dimensions; returns ``[..., rule.output_size]``. Reshaping happens inside, so autograd records one node;
+    without anything to differentiate the kernel is called directly."""
+    if torch.is_grad_enabled() and (X1.requires_grad or X2.requires_grad or C.requires_grad):
+        return _Accumulate.apply(X1, X2, C, rule, kernels)
+    return _forward(X1, X2, C, rule, kernels)
+
+
+def _forward(X1, X2, C, rule, kernels):
+    out = kernels.accumulate(_flat(X1), _flat(X2), C, rule, rule.output_size)
+    return out if X1.dim() == 2 else out.reshape(*X1.shape[:-1], rule.output_size)
 
 
 def _flat(t):
@@ -42,8 +50,7 @@ class _Accumulate(torch.autograd.Function):
     def forward(ctx, X1, X2, C, rule, kernels):
         ctx.save_for_backward(X1, X2, C)
         ctx.rule, ctx.kernels = rule, kernels
-        out = kernels.accumulate(_flat(X1), _flat(X2), C, rule, rule.output_size)
-        return out if X1.dim() == 2 else out.reshape(*X1.shape[:-1], rule.output_size)
+        return _forward(X1, X2, C, rule, kernels)
 
     @staticmethod
     def backward(ctx, G):
