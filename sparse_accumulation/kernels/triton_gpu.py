@@ -8,15 +8,22 @@ during training). One program handles ``BLOCK_R`` rows; inside it each used inpu
 registers as a ``[BLOCK_R]`` vector, the nonzeros are grouped by output column so that every output column
 is summed in registers and written exactly once (columns that no nonzero hits are written as zeros).
 
-Two ways of moving the data between memory and those column vectors (``strategy``):
+Ways of moving the data between memory and those column vectors (``strategy``):
 
 * ``"columns"``: one strided load per used input column and one strided store per output column;
 * ``"tile"``: one coalesced, masked 2-D load of a ``[BLOCK_R, M_pad]`` tile per input (``M_pad`` the next
   power of two), split into columns at compile time (``tl.reshape`` to ``[BLOCK_R, 2, ..., 2]``, then a tree of
-  ``tl.split``), and one 2-D store of the output tile built by a tree of ``tl.join``.
+  ``tl.split``), and one 2-D store of the output tile built by a tree of ``tl.join``;
+* ``"pieces"``: the same, per power-of-two segment of the columns (17 = 16 + 1), so no lane is masked off;
+* ``"loads+stores"`` combines two of those (``"pieces+tile"``);
+* ``"auto"`` (the default): ``"pieces"`` loads, and the store strategy ("tile" or "pieces") is a compile-time
+  branch on the ``STORE_TILE`` constexpr that autotuning picks, together with ``BLOCK_R`` and ``num_warps``.
+
+Inside the sums, the side with fewer distinct vectors is factored out (``x * (y1 * C[k1] + y2 * C[k2])``),
+which saves multiply-adds in the l = 8 kernels, whose instruction count is close to their memory time.
 
 The module-level :data:`STRATEGY` (environment ``SPARSE_ACCUMULATION_TRITON_STRATEGY``) picks the default;
-both entry points also take ``strategy=``.
+the entry points also take ``strategy=``.
 
 The generated source is written (atomically) to a file in a cache folder and imported, since ``triton.jit``
 reads a function's source through ``inspect``. ``triton.jit`` decides when a kernel is created whether it
@@ -31,9 +38,9 @@ moment), so interpreted kernels also work when triton was imported before the va
 end and writes its slots of a ``[programs, slots]`` buffer, which ``torch.sum`` reduces in a fixed order.
 The configuration is fixed (not autotuned), so the summation order never depends on a tuning outcome.
 
-Measured once on an H100 (triton 3.6, fp32, 1000 x 2000 rows, real CG 8x8->8): forward 0.27 ms with
-``"tile"`` and 0.46 ms with ``"columns"`` (copy-bandwidth floor 0.14 ms); dC 0.34 ms with ``"columns"``
-(chunks of 96) and 0.76 ms or more with ``"tile"``.
+Measured on an H200 (triton 3.6, fp32, 1000 x 2000 rows, real CG 8x8->8; copy-bandwidth floor 0.097 ms):
+forward 0.166 ms with ``"auto"``, 0.265 with ``"tile"``, 0.408 with ``"columns"``; fused input gradients
+0.31 ms; dC 0.32 ms with ``"columns"`` loads (chunks of 96). See ``benchmarks/RESULTS.md``.
 """
 from __future__ import annotations
 
@@ -61,12 +68,13 @@ __all__ = ["accumulate", "accumulate_backward", "accumulate_input_gradients", "a
            "STRATEGY", "STRATEGIES"]
 
 STRATEGIES = ("auto", "tile", "pieces", "columns")
-#: default load/store strategy, ``"tile"`` or ``"columns"``
+#: default load/store strategy, one of :data:`STRATEGIES` or ``"loads+stores"``
 STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_STRATEGY", "auto")
 
-#: forward kernels on CUDA autotune over at most 4 (BLOCK_R, num_warps) configurations picked from these rows
-#: per thread and warps by a register estimate (see ``_row_configs``); environment
-#: ``SPARSE_ACCUMULATION_TRITON_AUTOTUNE=0`` keeps only the first (a heuristic choice, no tuning runs)
+#: forward and input-gradient kernels on CUDA autotune over at most 4 (BLOCK_R, num_warps) configurations picked
+#: from these rows per thread and warps by a register estimate (see ``_row_configs``), times the two store
+#: strategies under "auto"; environment ``SPARSE_ACCUMULATION_TRITON_AUTOTUNE=0`` keeps only the first
+#: configuration with "pieces" stores (a heuristic choice, no tuning runs)
 AUTOTUNE = os.environ.get("SPARSE_ACCUMULATION_TRITON_AUTOTUNE", "1") != "0"
 ROWS_PER_THREAD = (1, 2, 4)
 #: per-thread register budget (32-bit registers) for the values a forward program keeps live
