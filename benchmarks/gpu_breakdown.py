@@ -1,13 +1,13 @@
 """Where forward+backward time goes on the GPU: each Triton kernel alone, and the host cost of one call.
 
-    python benchmarks/gpu_breakdown.py [--ls 1,2,3,4,6,8] [--strategies tile,pieces,tile+pieces,pieces+tile]
+    python benchmarks/gpu_breakdown.py [--ls 8,4,2] [--grad-ls 8,4,2] [--strategies auto,tile,pieces+tile]
 
 For real CG rules l x l -> l at 1000 x 2000 rows fp32 it prints the median device time
 (triton.testing.do_bench) of the forward kernel for each load/store strategy (``loads+stores``, see
 ``triton_gpu``) with the configuration autotuning chose; for l in ``--grad-ls`` also the fused input-gradient
-kernel, the two swapped-rule forwards it may be replaced by, the dC kernel, and the public forward+backward. Then the host time per call
-(no synchronization, 1000 rows) of the raw kernels, the registered ops, the public API with autograd (the
-eager path), the registered op with autograd, and plain torch.
+kernel, the two swapped-rule forwards it may be replaced by, the dC kernel, and the public forward+backward.
+Then the host time per call (no synchronization, 1000 rows) of the raw kernels, the registered ops, the
+public API with autograd (the eager path), the registered op with autograd, and plain torch.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ GPU, a forward+backward step (see docs/implementations). In plain eager mode the
 ``torch.autograd.Function`` s instead; they run the kernel modules directly and differentiate through
 :mod:`.derivatives`, so every order of derivative still runs on the kernels. Under ``torch.compile``, tensor
 subclasses, dispatch modes or ``torch.func`` transforms (:func:`applies` is False), the registered ops are used,
-since only they have fake implementations and dispatcher registrations.
+since only they have fake implementations and dispatcher registrations (``torch.func`` transforms are
+not supported by either path: torch's custom-op autograd raises under them).
 """
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ Ops work on 2-D ``[rows, components]`` tensors of any strides; the public API re
 The op is closed under differentiation (gradients are sparse accumulations with roles of the indices
 swapped), so each backward is written with these two ops only and is itself differentiable: double
 backward, and any higher order, comes from the same kernels (:mod:`.derivatives`). In eager mode the public
-API skips the dispatcher and calls the same kernels through :mod:`.eager`. Index values are checked inside the ops
-(through the cached :func:`~sparse_accumulation.rules.prepare_rule`), where ``torch.compile`` does not trace.
+API skips the dispatcher and calls the same kernels through :mod:`.eager`. Index values are checked inside
+the ops (through the cached :func:`~sparse_accumulation.rules.prepare_rule`), where ``torch.compile`` does
+not trace.
 """
 from __future__ import annotations
 

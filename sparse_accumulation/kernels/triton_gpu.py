@@ -197,7 +197,8 @@ def _emit_column_loads(code: _Code, var: str, ptr: str, s_r: str, s_m: str, size
         bits = _log2(width)
         tile = f"{var}_{start}"
         code(f"{tile}_cols = tl.arange(0, {width})")
-        mask = "rmask[:, None]" if start + width <= size else f"rmask[:, None] & ({tile}_cols[None, :] < {size - start})"
+        mask = ("rmask[:, None]" if start + width <= size
+                else f"rmask[:, None] & ({tile}_cols[None, :] < {size - start})")
         code(f"{tile}_t = tl.load({var}_base[:, None]{offset} + {tile}_cols[None, :] * {s_m}, "
              f"mask={mask}, other=0.0)")
         code(f"{tile}_t = tl.reshape({tile}_t, [{', '.join(['BLOCK_R'] + ['2'] * bits)}])")
@@ -225,8 +226,7 @@ def _emit_column_loads(code: _Code, var: str, ptr: str, s_r: str, s_m: str, size
 def _factored_terms(terms, acc: str) -> list:
     """Expressions summing to ``sum left * right * C[k]`` over ``terms`` ``(k, left, right)``, with the side
     that has fewer distinct vectors factored out: ``x * (y1 * C[k1] + y2 * C[k2])`` costs one
-    multiply-add per nonzero plus one per distinct factor instead of two per nonzero (the l = 8 kernels are
-    close to instruction-bound)."""
+    multiply-add per nonzero plus one per distinct factor instead of two per nonzero."""
     if len({left for _, left, _ in terms}) > len({right for _, _, right in terms}):
         terms = [(k, right, left) for k, left, right in terms]
     by_factor = {}
@@ -587,8 +587,9 @@ def _row_kernel(kind: str, rule, strategy: str, acc: str):
             pairs, tile_flags = [(INTERPRETER_BLOCK_R, 1)], [0]
         else:
             pairs = _row_configs(sizes(rule), used_columns(rule), acc, loads)
-            tile_flags = [int(name == "tile") for name in stores] if len(stores) > 1 and AUTOTUNE else [0]
-        configs = [triton.Config({"BLOCK_R": b, "STORE_TILE": t}, num_warps=w) for t in tile_flags for b, w in pairs]
+            tile_flags = [int(s == "tile") for s in stores] if len(stores) > 1 and AUTOTUNE else [0]
+        configs = [triton.Config({"BLOCK_R": b, "STORE_TILE": t}, num_warps=w)
+                   for t in tile_flags for b, w in pairs]
         return triton.autotune(configs=configs, key=["R_BUCKET", "LAYOUT"])(fn)
 
     return _cached(rule, (kind, strategy, acc, interpret, AUTOTUNE), build)
