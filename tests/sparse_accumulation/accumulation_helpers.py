@@ -1,6 +1,20 @@
-"""Shared test helpers: an independent float64 oracle and random rules."""
+"""Shared test helpers: an independent float64 oracle, random rules, and a counter of dispatched ops."""
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountOps(TorchDispatchMode):
+    """Records the names of the ``sparse_accumulation`` ops dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "sparse_accumulation":
+            self.calls.append(func._opname)
+        return func(*args, **(kwargs or {}))
 
 
 def oracle(X1, X2, mu, output_size, m1, m2, C):

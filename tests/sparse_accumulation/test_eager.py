@@ -1,24 +1,12 @@
 """The eager fast path (sparse_accumulation.eager) against the registered ops, and when each path is taken."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import sparse_accumulation as sa
 from sparse_accumulation import ops
-from accumulation_helpers import random_rule
+from accumulation_helpers import CountOps, random_rule
 
 KERNELS = ["numba", "torch"]
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "sparse_accumulation":
-            self.calls.append(func._opname)
-        return func(*args, **(kwargs or {}))
 
 
 def _operands(generator, lead=(3, 4), M1=5, M2=3, O=6):
@@ -84,7 +72,7 @@ def test_dispatch_modes_see_the_registered_ops(generator):
     """Under a dispatch mode (FLOP counters, tracing) the call goes through the registered ops."""
     X1, X2, C, m1, m2, mu, O, G = _operands(generator)
     X1.requires_grad_()
-    with _CountOps() as mode:
+    with CountOps() as mode:
         out = sa.accumulate(X1, X2, mu, O, m1, m2, C, implementation="numba")
         out.backward(G)
     assert mode.calls == ["accumulate", "accumulate_backward"]

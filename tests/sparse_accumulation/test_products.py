@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import cg
 import sparse_accumulation  # noqa: F401  (registers the ops)
 from sparse_accumulation.products import (ClebschGordanIteration, ClebschGordanProduct, concatenate,
                                           from_e3nn_layout, irreps_dim, normalize_irreps, split, to_e3nn_layout)
 
+from accumulation_helpers import CountOps
 from products_helpers import documented_paths, expand, product_oracle, relative_error
 
 IRREPS1 = ((1, 0), (2, 1), (1, 2))
@@ -149,27 +149,16 @@ def test_gradcheck_and_double_backward(generator):
     assert torch.autograd.gradgradcheck(f, (X1, X2, weight))
 
 
-class _CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "sparse_accumulation":
-            self.calls.append(func._opname)
-        return func(*args, **(kwargs or {}))
-
-
 def test_whole_product_is_one_fused_call(generator):
     """One accumulate forward and one accumulate_backward for all gradients (X1, X2, weights)."""
     product = ClebschGordanProduct(3, 3, 3, weights=True, dtype=torch.float64)
     assert product.n_paths == 34
     X1 = randn(generator, 6, 2, 16).requires_grad_()
     X2 = randn(generator, 6, 2, 16).requires_grad_()
-    with _CountOps() as forward:
+    with CountOps() as forward:
         out = product(X1, X2)
     assert forward.calls == ["accumulate"]
-    with _CountOps() as backward:
+    with CountOps() as backward:
         out.sum().backward()
     assert backward.calls == ["accumulate_backward"]
     assert X1.grad is not None and X2.grad is not None and product.weight.grad is not None
