@@ -149,6 +149,18 @@ def is_oom(error):
     return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
+def fresh_leaves(*tensors):
+    """Detached copies that require grad: each timed call differentiates with respect to new leaves."""
+    return [t.detach().requires_grad_(True) for t in tensors]
+
+
+def note_failure(result, label, error):
+    """Record a failed measurement in the case's notes ("OOM" or the error type); print other tracebacks."""
+    if not is_oom(error):
+        traceback.print_exc()
+    result["notes"].append(f"{label}: {'OOM' if is_oom(error) else type(error).__name__}")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # implementations
 
@@ -229,9 +241,7 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             budget = 100.0 if impl.startswith("ours") else 60.0
             result["ms"][f"{impl}_fwd"] = bench(lambda: fwd(*inputs.next()[:2], C), device, budget)
         except Exception as error:
-            if not is_oom(error):
-                traceback.print_exc()
-            result["notes"].append(f"{impl} fwd: {'OOM' if is_oom(error) else type(error).__name__}")
+            note_failure(result, f"{impl} fwd", error)
             result["ms"][f"{impl}_fwd"] = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -245,22 +255,19 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
         result["notes"].append("fwd+bwd through sparse_accumulation.accumulate(implementation='triton')")
 
         def ours_fwdbwd(X1, X2, G):
-            X1 = X1.detach().requires_grad_(True)
-            X2 = X2.detach().requires_grad_(True)
+            X1, X2 = fresh_leaves(X1, X2)
             out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
                           implementation="triton")
             return torch.autograd.grad(out, (X1, X2), G.view(A, B, O))
 
         def ours_fwdbwd_C(X1, X2, G):
-            X1 = X1.detach().requires_grad_(True)
-            X2 = X2.detach().requires_grad_(True)
+            X1, X2 = fresh_leaves(X1, X2)
             out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, Cg,
                           implementation="triton")
             return torch.autograd.grad(out, (X1, X2, Cg), G.view(A, B, O))
 
         def ours_double(X1, X2, G):
-            X1 = X1.detach().requires_grad_(True)
-            X2 = X2.detach().requires_grad_(True)
+            X1, X2 = fresh_leaves(X1, X2)
             out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
                           implementation="triton")
             d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(A, B, O), create_graph=True)
@@ -279,14 +286,12 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
 
     def ref_fwdbwd(fwd):
         def run(X1, X2, G):
-            X1 = X1.detach().requires_grad_(True)
-            X2 = X2.detach().requires_grad_(True)
+            X1, X2 = fresh_leaves(X1, X2)
             return torch.autograd.grad(fwd(X1, X2, C), (X1, X2), G)
         return run
 
     def index_add_fwdbwd_C(X1, X2, G):
-        X1 = X1.detach().requires_grad_(True)
-        X2 = X2.detach().requires_grad_(True)
+        X1, X2 = fresh_leaves(X1, X2)
         return torch.autograd.grad(impls["index_add"][0](X1, X2, Cg), (X1, X2, Cg), G)
 
     grads_ref = None
@@ -306,9 +311,7 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             result["ms"][f"{impl}_fwdbwd"] = bench(lambda: fn(*inputs.next()), device,
                                                    100.0 if impl == "ours" else 60.0)
         except Exception as error:
-            if not is_oom(error):
-                traceback.print_exc()
-            result["notes"].append(f"{impl} fwd+bwd: {'OOM' if is_oom(error) else type(error).__name__}")
+            note_failure(result, f"{impl} fwd+bwd", error)
             result["ms"][f"{impl}_fwdbwd"] = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -327,16 +330,14 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             try:
                 result["ms"][key] = timer(fn, device)
             except Exception as error:
-                traceback.print_exc()
-                result["notes"].append(f"{key}: {type(error).__name__}")
+                note_failure(result, key, error)
                 result["ms"][key] = None
             log(f"  {key:22s} {fmt(result['ms'][key])} ms")
 
     if ours_double is not None:
         try:
             def index_add_double(X1, X2, G):
-                X1 = X1.detach().requires_grad_(True)
-                X2 = X2.detach().requires_grad_(True)
+                X1, X2 = fresh_leaves(X1, X2)
                 out = impls["index_add"][0](X1, X2, C)
                 d1, d2 = torch.autograd.grad(out, (X1, X2), G, create_graph=True)
                 return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
@@ -345,8 +346,7 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             A_s, B_s = 1, Xs[0].shape[0]
 
             def ours_double_small(X1, X2, G):
-                X1 = X1.detach().requires_grad_(True)
-                X2 = X2.detach().requires_grad_(True)
+                X1, X2 = fresh_leaves(X1, X2)
                 out = _PUBLIC(X1.view(A_s, B_s, M1), X2.view(A_s, B_s, M2), mu_d, O, m1_d, m2_d, C,
                               implementation="triton")
                 d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(A_s, B_s, O), create_graph=True)
@@ -355,9 +355,7 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             result["errors"]["ours_double"] = max(rel_error(a, b) for a, b in zip(got, want))
             result["ms"]["ours_double"] = bench(lambda: ours_double(*inputs.next()), device, 100.0)
         except Exception as error:
-            if not is_oom(error):
-                traceback.print_exc()
-            result["notes"].append(f"double backward: {'OOM' if is_oom(error) else type(error).__name__}")
+            note_failure(result, "double backward", error)
             result["ms"]["ours_double"] = None
         log(f"  ours double bwd  rel.err {result['errors'].get('ours_double', float('nan')):.2e}  "
             f"{fmt(result['ms'].get('ours_double'))} ms")
@@ -374,15 +372,12 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
                 result["ms"]["e3nn_fwd"] = bench(lambda: e3nn_fwd(*inputs.next()[:2]), device, 60.0)
 
                 def e3nn_fwdbwd(X1, X2, G):
-                    X1 = X1.detach().requires_grad_(True)
-                    X2 = X2.detach().requires_grad_(True)
+                    X1, X2 = fresh_leaves(X1, X2)
                     return torch.autograd.grad(e3nn_fwd(X1, X2), (X1, X2), G.view(A, B * O))
 
                 result["ms"]["e3nn_fwdbwd"] = bench(lambda: e3nn_fwdbwd(*inputs.next()), device, 60.0)
             except Exception as error:
-                if not is_oom(error):
-                    traceback.print_exc()
-                result["notes"].append(f"e3nn: {'OOM' if is_oom(error) else type(error).__name__}")
+                note_failure(result, "e3nn", error)
             log(f"  e3nn ({note}) fwd {fmt(result['ms'].get('e3nn_fwd'))} ms, "
                 f"fwd+bwd {fmt(result['ms'].get('e3nn_fwdbwd'))} ms")
             del tp
