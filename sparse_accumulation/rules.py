@@ -1,168 +1,280 @@
-"""Preparing (validating, converting, caching) the index part of a sparse accumulation rule.
+"""Rules: the index part of a sparse accumulation, validated once and shared by every call that uses it.
 
-A rule is the triple of index arrays ``m1, m2, mu`` (the coefficients ``C`` are data and are never cached).
-Kernels receive a :class:`PreparedRule`: indices already checked against the sizes they address, held as
-host tuples (for code generation), numpy arrays (for numba) and device tensors (for torch code).
+A rule holds the index arrays of
 
-Checking reads index values, which would break a ``torch.compile`` full graph if done in traced Python, so it
-happens inside the registered ops, once per rule: :func:`prepare_rule` caches on the identity and version
-counter of the index tensors (through weak references, so a freed tensor whose memory is reused never hits).
+    out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * W[..., w[k]] * C[k]
+
+(``w`` and ``W`` only for weighted rules) and the sizes they address. The coefficients ``C`` are data and are
+never part of a rule. A :class:`Rule` is immutable and interned: building the same rule twice returns the same
+object, and :attr:`Rule.key`, a string that encodes the whole rule, names it in the registered ops (so
+``torch.compile`` and ``torch.export`` see a constant, and no index value is read on any call).
+
+The tensor API (``accumulate(X1, X2, mu, output_size, m1, m2, C)``) turns its index tensors into a rule with
+:func:`prepare_rule`, which reads their values once and then finds the rule again by the tensors' identity and
+version counter (through weak references, so a freed tensor whose memory is reused never hits).
 """
 from __future__ import annotations
 
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 _CACHE_SIZE = 512
+_ROLES = ("X1", "X2", "W")
 
 
-@dataclass(eq=False)
-class PreparedRule:
-    """Validated indices of one rule, in every form a kernel may want.
-
-    Attributes:
-        m1, m2, mu: host tuples of Python ints, one entry per nonzero.
-        input_sizes: ``(M1, M2)``, the sizes the rule was checked against.
-        output_size: the size ``mu`` was checked against.
-        key: hashable, equal for rules with equal indices and sizes (for kernel caches).
-    """
-
-    m1: tuple
-    m2: tuple
-    mu: tuple
-    input_sizes: tuple
-    output_size: int
-    _device_tensors: dict = field(default_factory=dict, repr=False)
-    _groupings: dict = field(default_factory=dict, repr=False)  # derived data: groupings, swapped rules
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @property
-    def nnz(self) -> int:
-        return len(self.m1)
-
-    @property
-    def key(self) -> tuple:
-        return (self.m1, self.m2, self.mu, self.input_sizes, self.output_size)
-
-    def numpy(self) -> tuple:
-        """``(m1, m2, mu)`` as contiguous int64 numpy arrays."""
-        return self.tensors(torch.device("cpu"))[3]
-
-    def tensors(self, device: torch.device) -> tuple:
-        """``(m1, m2, mu, numpy_triple)``: int64 tensors on ``device`` (cached) and the numpy triple."""
-        device = torch.device(device)
-        with self._lock:
-            cached = self._device_tensors.get(device)
-            if cached is None:
-                arrays = tuple(np.asarray(a, dtype=np.int64) for a in (self.m1, self.m2, self.mu))
-                cached = tuple(torch.from_numpy(a).to(device) for a in arrays) + (arrays,)
-                self._device_tensors[device] = cached
-        return cached
-
-    def grouped_by(self, name: str) -> tuple:
-        """``(order, starts)``: a stable permutation sorting the nonzeros by index array ``name`` ("m1", "m2"
-        or "mu"), and offsets such that group ``j`` (value ``j``) is ``order[starts[j]:starts[j + 1]]``."""
-        with self._lock:
-            cached = self._groupings.get(name)
-        if cached is None:
-            M1, M2 = self.input_sizes
-            sizes = {"m1": M1, "m2": M2, "mu": self.output_size}
-            values = np.asarray(getattr(self, name), dtype=np.int64)
-            order = np.argsort(values, kind="stable")
-            starts = np.searchsorted(values[order], np.arange(sizes[name] + 1)).astype(np.int64)
-            cached = (order, starts)
-            with self._lock:
-                self._groupings[name] = cached
-        return cached
-
-    def swapped(self, role: str) -> "PreparedRule":
-        """The rule of a gradient: ``role="X1"`` swaps m1 and mu (dX1), ``role="X2"`` swaps m2 and mu (dX2)."""
-        M1, M2 = self.input_sizes
-        with self._lock:
-            cached = self._groupings.get(("swapped", role))
-        if cached is not None:
-            return cached
-        if role == "X1":
-            cached = _prepared_from_tuples(self.mu, self.m2, self.m1, (self.output_size, M2), M1)
-        elif role == "X2":
-            cached = _prepared_from_tuples(self.m1, self.mu, self.m2, (M1, self.output_size), M2)
-        else:
-            raise ValueError(f"role must be 'X1' or 'X2', got {role!r}")
-        with self._lock:
-            self._groupings[("swapped", role)] = cached
-        return cached
+def _as_index_tuple(name: str, values) -> tuple:
+    """Index values as a tuple of Python ints, from a tensor (any device), an array or a sequence."""
+    if isinstance(values, torch.Tensor):
+        check_index_tensor(name, values)
+        return tuple(values.detach().to("cpu", torch.int64).tolist())
+    array = np.asarray(values)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {array.shape}")
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    return tuple(int(v) for v in array.tolist())
 
 
-_swapped_cache: "OrderedDict[tuple, PreparedRule]" = OrderedDict()
-_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
-_cache_lock = threading.Lock()
+def _check_size(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return int(value)
 
 
-def _prepared_from_tuples(m1, m2, mu, input_sizes, output_size) -> PreparedRule:
-    key = (m1, m2, mu, input_sizes, output_size)
-    with _cache_lock:
-        rule = _swapped_cache.get(key)
-        if rule is not None:
-            _swapped_cache.move_to_end(key)
-            return rule
-    rule = PreparedRule(m1, m2, mu, input_sizes, output_size)
-    with _cache_lock:
-        _swapped_cache[key] = rule
-        while len(_swapped_cache) > _CACHE_SIZE:
-            _swapped_cache.popitem(last=False)
-    return rule
-
-
-def _check_range(name: str, values: np.ndarray, size: int, size_name: str) -> None:
-    if values.size == 0:
+def _check_range(name: str, values: tuple, size: int, size_name: str) -> None:
+    if not values:
         return
-    low, high = int(values.min()), int(values.max())
+    low, high = min(values), max(values)
     if low < 0:
         raise IndexError(f"{name} contains a negative index ({low}); indices must lie in [0, {size_name}={size})")
     if high >= size:
         raise IndexError(f"{name} contains index {high}, out of range for {size_name}={size}")
 
 
-def prepare_rule(m1: torch.Tensor, m2: torch.Tensor, mu: torch.Tensor, M1: int, M2: int,
-                 output_size: int) -> PreparedRule:
-    """Validate index tensors against the sizes they address and return the (cached) prepared rule.
+def _encode(m1, m2, mu, w, input_sizes, output_size, weight_size) -> str:
+    sizes = f"{input_sizes[0]},{input_sizes[1]},{output_size}" + ("" if w is None else f",{weight_size}")
+    arrays = (m1, m2, mu) if w is None else (m1, m2, mu, w)
+    return "v1:" + sizes + ":" + ";".join(",".join(map(str, a)) for a in arrays)
+
+
+_interned: "weakref.WeakValueDictionary[str, Rule]" = weakref.WeakValueDictionary()
+_interned_lock = threading.Lock()
+
+
+class Rule:
+    """The index arrays of a sparse accumulation and the sizes they address; build once, use for every call.
+
+    ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * C[k]``, or with a third, weight operand ``W``
+    (``w`` given) ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * W[..., w[k]] * C[k]``.
 
     Args:
-        m1, m2, mu: 1-D integer tensors of equal length, on any device (any order, duplicates allowed).
-        M1, M2: sizes of the active dimension of X1 and X2.
-        output_size: size of the active dimension of the output.
+        m1, m2, mu: indices into X1, X2 and the output, one per nonzero (1-D integer tensors on any device,
+            numpy arrays or sequences of ints; any order, duplicates allowed). Read once, here.
+        output_size: size of the output's active dimension (``mu < output_size``).
+        input_sizes: ``(M1, M2)``, sizes of the active dimensions of X1 and X2 (default: the largest index
+            plus one).
+        w: indices into the weight operand W (weighted rules only).
+        weight_size: size of W's active dimension (default: the largest ``w`` plus one).
+
+    Rules are immutable and interned (equal arguments give the same object); they pickle and deep-copy by
+    :attr:`key`, a string that encodes the whole rule.
+
+    Raises:
+        TypeError: an index array is not of an integer type.
+        ValueError: index arrays of different lengths or not 1-D, a negative or non-integer size.
+        IndexError: an index is negative or not below the size it addresses.
+    """
+
+    def __new__(cls, m1, m2, mu, output_size, *, input_sizes=None, w=None, weight_size=None):
+        m1, m2, mu = (_as_index_tuple(name, a) for name, a in (("m1", m1), ("m2", m2), ("mu", mu)))
+        w = None if w is None else _as_index_tuple("w", w)
+        lengths = [len(m1), len(m2), len(mu)] + ([] if w is None else [len(w)])
+        if len(set(lengths)) != 1:
+            names = "m1, m2, mu" + ("" if w is None else ", w")
+            raise ValueError(f"{names} must have the same length, got {', '.join(map(str, lengths))}")
+        output_size = _check_size("output_size", output_size)
+        if input_sizes is None:
+            input_sizes = (max(m1, default=-1) + 1, max(m2, default=-1) + 1)
+        if len(tuple(input_sizes)) != 2:
+            raise ValueError(f"input_sizes must be a pair (M1, M2), got {input_sizes!r}")
+        input_sizes = tuple(_check_size("input_sizes entry", s) for s in input_sizes)
+        if w is None:
+            if weight_size is not None:
+                raise ValueError("weight_size is given but w is not")
+        else:
+            weight_size = max(w, default=-1) + 1 if weight_size is None else _check_size("weight_size", weight_size)
+        _check_range("m1", m1, input_sizes[0], "M1")
+        _check_range("m2", m2, input_sizes[1], "M2")
+        _check_range("mu", mu, output_size, "output_size")
+        if w is not None:
+            _check_range("w", w, weight_size, "weight_size")
+        return cls._intern(m1, m2, mu, w, input_sizes, output_size, weight_size)
+
+    @classmethod
+    def _intern(cls, m1, m2, mu, w, input_sizes, output_size, weight_size) -> "Rule":
+        """The rule of already checked tuples: the living one with the same key, or a new one."""
+        key = _encode(m1, m2, mu, w, input_sizes, output_size, weight_size)
+        with _interned_lock:
+            rule = _interned.get(key)
+            if rule is None:
+                rule = object.__new__(cls)
+                rule.__dict__.update(m1=m1, m2=m2, mu=mu, w=w, input_sizes=input_sizes, output_size=output_size,
+                                     weight_size=weight_size, key=key, _derived={},
+                                     _lock=threading.Lock())
+                _interned[key] = rule
+        return rule
+
+    @classmethod
+    def from_key(cls, key: str) -> "Rule":
+        """The rule a :attr:`key` encodes (the living, interned one when there is one).
+
+        Raises:
+            ValueError: ``key`` is not a rule key.
+        """
+        with _interned_lock:
+            rule = _interned.get(key)
+        if rule is not None:
+            return rule
+        try:
+            version, sizes, arrays = key.split(":")
+            if version != "v1":
+                raise ValueError
+            sizes = [int(s) for s in sizes.split(",")]
+            arrays = [tuple(int(v) for v in a.split(",")) if a else () for a in arrays.split(";")]
+            if len(sizes) != len(arrays) or len(arrays) not in (3, 4):
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"not a sparse accumulation rule key: {key[:60]!r}") from None
+        w, weight_size = (arrays[3], sizes[3]) if len(arrays) == 4 else (None, None)
+        return cls(*arrays[:3], sizes[2], input_sizes=sizes[:2], w=w, weight_size=weight_size)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Rule objects are immutable")
+
+    def __reduce__(self):
+        return (Rule.from_key, (self.key,))
+
+    def __repr__(self) -> str:
+        weights = "" if self.w is None else f", weight_size={self.weight_size}"
+        return (f"Rule(nnz={self.nnz}, input_sizes={self.input_sizes}, output_size={self.output_size}"
+                f"{weights})")
+
+    @property
+    def nnz(self) -> int:
+        """Number of nonzeros (entries of each index array)."""
+        return len(self.m1)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the rule has a weight operand (``w``)."""
+        return self.w is not None
+
+    def _cached(self, key, build):
+        with self._lock:
+            value = self._derived.get(key)
+        if value is None:
+            value = build()
+            with self._lock:
+                value = self._derived.setdefault(key, value)
+        return value
+
+    def _size_of(self, name: str) -> int:
+        sizes = {"m1": self.input_sizes[0], "m2": self.input_sizes[1], "mu": self.output_size,
+                 "w": self.weight_size}
+        if name not in sizes or (name == "w" and self.w is None):
+            raise ValueError(f"index array name must be one of m1, m2, mu{', w' if self.w else ''}, got {name!r}")
+        return sizes[name]
+
+    def array(self, name: str) -> np.ndarray:
+        """Index array ``name`` ("m1", "m2", "mu" or "w") as a read-only int64 numpy array."""
+        self._size_of(name)
+
+        def build():
+            array = np.asarray(getattr(self, name), dtype=np.int64)
+            array.setflags(write=False)
+            return array
+
+        return self._cached(("array", name), build)
+
+    def tensor(self, name: str, device) -> torch.Tensor:
+        """Index array ``name`` as an int64 tensor on ``device`` (made once per device, then cached)."""
+        device = torch.device(device)
+        return self._cached(("tensor", name, device), lambda: torch.from_numpy(self.array(name).copy()).to(device))
+
+    def grouped_by(self, name: str) -> tuple:
+        """``(order, starts)``: a stable permutation sorting the nonzeros by index array ``name``, and offsets
+        such that group ``j`` (the nonzeros with index ``j``) is ``order[starts[j]:starts[j + 1]]``."""
+        size = self._size_of(name)
+
+        def build():
+            values = self.array(name)
+            order = np.argsort(values, kind="stable")
+            starts = np.searchsorted(values[order], np.arange(size + 1)).astype(np.int64)
+            order.setflags(write=False)
+            starts.setflags(write=False)
+            return order, starts
+
+        return self._cached(("grouped", name), build)
+
+    def swapped(self, role: str) -> "Rule":
+        """The rule of a gradient, with operand ``role`` and the output trading places.
+
+        ``"X1"``: ``dX1[m1] += G[mu] X2[m2] (W[w]) C``, the rule ``(mu, m2, [w]) -> m1`` on ``(G, X2, [W])``;
+        ``"X2"``: ``(m1, mu, [w]) -> m2`` on ``(X1, G, [W])``; ``"W"``: ``(m1, m2, mu) -> w`` on ``(X1, X2, G)``.
+        """
+        if role not in _ROLES or (role == "W" and self.w is None):
+            raise ValueError(f"role must be one of {_ROLES if self.w is not None else _ROLES[:2]}, got {role!r}")
+
+        def build():
+            M1, M2 = self.input_sizes
+            O, Mw = self.output_size, self.weight_size
+            if role == "X1":
+                return Rule._intern(self.mu, self.m2, self.m1, self.w, (O, M2), M1, Mw)
+            if role == "X2":
+                return Rule._intern(self.m1, self.mu, self.m2, self.w, (M1, O), M2, Mw)
+            return Rule._intern(self.m1, self.m2, self.w, self.mu, (M1, M2), Mw, O)
+
+        return self._cached(("swapped", role), build)
+
+
+_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def prepare_rule(m1: torch.Tensor, m2: torch.Tensor, mu: torch.Tensor, M1: int, M2: int,
+                 output_size: int, w: torch.Tensor | None = None, weight_size: int | None = None) -> Rule:
+    """The :class:`Rule` of index tensors, checked against the sizes they address (cached by tensor identity).
+
+    Reads the index values on the first call for a set of tensors (a device-to-host copy for CUDA tensors);
+    later calls with the same, unmodified tensors find the rule by their identity and version counter.
+
+    Args:
+        m1, m2, mu (, w): 1-D integer tensors of equal length, on any device.
+        M1, M2, output_size (, weight_size): sizes of the active dimensions of X1, X2, the output (and W).
 
     Raises:
         IndexError: an index is negative or not below the size it addresses.
         ValueError: the arrays are not 1-D or differ in length.
         TypeError: an index tensor is not of an integer dtype.
     """
-    tensors = (("m1", m1), ("m2", m2), ("mu", mu))
-    key = tuple((id(t), t._version) for _, t in tensors) + (M1, M2, output_size)
+    tensors = (m1, m2, mu) if w is None else (m1, m2, mu, w)
+    key = tuple((id(t), t._version) for t in tensors) + (M1, M2, output_size, weight_size)
     with _cache_lock:
         hit = _cache.get(key)
-        if hit is not None and all(ref() is t for ref, (_, t) in zip(hit[0], tensors)):
+        if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
             _cache.move_to_end(key)
             return hit[1]
-
-    for name, t in tensors:
-        check_index_tensor(name, t)
-    if not (m1.shape[0] == m2.shape[0] == mu.shape[0]):
-        raise ValueError(
-            f"m1, m2 and mu must have the same length, got {m1.shape[0]}, {m2.shape[0]} and {mu.shape[0]}")
-    arrays = [t.detach().to("cpu", torch.int64).numpy() for _, t in tensors]
-    _check_range("m1", arrays[0], M1, "X1.shape[-1]")
-    _check_range("m2", arrays[1], M2, "X2.shape[-1]")
-    _check_range("mu", arrays[2], output_size, "output_size")
-    rule = _prepared_from_tuples(*(tuple(a.tolist()) for a in arrays), (M1, M2), output_size)
-
+    try:
+        rule = Rule(m1, m2, mu, output_size, input_sizes=(M1, M2), w=w, weight_size=weight_size)
+    except IndexError as error:  # name the sizes as the tensor API's caller knows them
+        message = str(error).replace("for M1=", "for X1.shape[-1]=").replace("for M2=", "for X2.shape[-1]=")
+        raise IndexError(message) from None
     with _cache_lock:
-        _cache[key] = (tuple(weakref.ref(t) for _, t in tensors), rule)
+        _cache[key] = (tuple(weakref.ref(t) for t in tensors), rule)
         while len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
     return rule

@@ -208,7 +208,7 @@ def accumulate(X1, X2, C, rule, output_size):
     out = _empty((rows, output_size), dtype)
     if rows and output_size:
         order, starts = rule.grouped_by("mu")
-        m1, m2, _ = rule.numpy()
+        m1, m2 = rule.array("m1"), rule.array("m2")
         x1, s1r, s1m = _flat(X1, dtype)
         x2, s2r, s2m = _flat(X2, dtype)
         c = _coefficients(C, dtype)[order]
@@ -230,7 +230,7 @@ def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=T
     n_blocks = (rows + BACKWARD_BLOCK - 1) // BACKWARD_BLOCK
     partial = np.zeros((n_blocks if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
     if rows and (want_x1 or want_x2 or want_c):
-        m1, m2, mu = rule.numpy()
+        m1, m2, mu = rule.array("m1"), rule.array("m2"), rule.array("mu")
         order_1, starts_1 = rule.grouped_by("m1")
         order_2, starts_2 = rule.grouped_by("m2")
         g, sgr, sgm = _flat(G, dtype)

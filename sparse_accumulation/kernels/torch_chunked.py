@@ -19,7 +19,7 @@ def _chunk_rows(nnz: int) -> int:
 def accumulate(X1, X2, C, rule, output_size):
     """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
     dtype = accumulation_dtype(X1.dtype)
-    m1, m2, mu, _ = rule.tensors(X1.device)
+    m1, m2, mu = (rule.tensor(name, X1.device) for name in ("m1", "m2", "mu"))
     out = torch.zeros(X1.shape[0], output_size, dtype=dtype, device=X1.device)
     coefficients = C.to(dtype)
     step = _chunk_rows(rule.nnz)
@@ -33,7 +33,7 @@ def accumulate(X1, X2, C, rule, output_size):
 def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
     """Gradients ``(dX1, dX2, dC)`` for the output gradient ``G`` (``None`` where not wanted)."""
     dtype = accumulation_dtype(X1.dtype)
-    m1, m2, mu, _ = rule.tensors(X1.device)
+    m1, m2, mu = (rule.tensor(name, X1.device) for name in ("m1", "m2", "mu"))
     (M1, M2), rows = rule.input_sizes, X1.shape[0]
     d1 = torch.zeros(rows, M1, dtype=dtype, device=X1.device) if want_x1 else None
     d2 = torch.zeros(rows, M2, dtype=dtype, device=X1.device) if want_x2 else None
