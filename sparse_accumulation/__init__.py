@@ -3,13 +3,16 @@
 ``accumulate(X1, X2, mu, output_size, m1, m2, C)`` computes
 ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * C[k]`` with numba kernels on the CPU and Triton
 kernels on CUDA, registered as torch custom ops (``torch.ops.sparse_accumulation``) with gradients for X1,
-X2 and C to any order. ``reference`` holds slow, independent implementations for validation.
+X2 and C to any order. ``accumulate_rule(X1, X2, rule, C, W=None)`` does the same with a prepared
+:class:`Rule` (no index read per call; optional per-row weights ``W``). ``reference`` holds slow, independent
+implementations for validation.
 """
 from . import ops  # registers torch.ops.sparse_accumulation
-from .api import accumulate, accumulate_active_dim_first, accumulate_active_dim_middle
+from .api import accumulate, accumulate_active_dim_first, accumulate_active_dim_middle, accumulate_rule
 from .backends import get_default_implementation, is_available, set_default_implementation
 from .kernels import reference
 from .modules import CGCalculatorSingle, get_cg_transformation_rule
+from .rules import Rule
 from . import products
 from .products import ClebschGordanIteration, ClebschGordanProduct
 
@@ -19,6 +22,8 @@ __all__ = [
     "accumulate",
     "accumulate_active_dim_first",
     "accumulate_active_dim_middle",
+    "accumulate_rule",
+    "Rule",
     "set_default_implementation",
     "get_default_implementation",
     "is_available",

@@ -4,71 +4,170 @@
 
     out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * C[k]
 
-All structural checks here use shapes, dtypes and devices only, so they are traced by ``torch.compile``
-without graph breaks; checks of index values run inside the registered ops (see :mod:`.ops`).
+with the rule given as index tensors (the peer library's signature); ``accumulate_rule`` takes a prepared
+:class:`~sparse_accumulation.rules.Rule` instead, optionally with a third, weight operand ``W``. The leading
+dimensions of the operands broadcast. Checks here use shapes, dtypes and devices only, so ``torch.compile``
+traces them without graph breaks; index values are checked once per rule (when a :class:`Rule` is made, or
+inside the indexed ops for index tensors).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
-from . import backends, eager, ops
+from . import backends, eager, layout, ops
 from .kernels import reference
-from .rules import check_index_tensor, prepare_rule
+from .rules import Rule, check_index_tensor, prepare_rule
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_NAMES = ("X1", "X2", "W")
 
 
-def _validate(X1, X2, mu, output_size, m1, m2, C, active: str) -> None:
-    """Raise ``TypeError``/``ValueError`` for inputs of the wrong kind, shape, dtype or device."""
-    for name, t in (("X1", X1), ("X2", X2), ("C", C)):
+def _check_data(named) -> None:
+    """Raise for operands that are not floating tensors of one dtype and device, or have no dimension."""
+    first = named[0][1]
+    for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _FLOAT_DTYPES:
             raise TypeError(f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), "
                             f"got {t.dtype}")
-    for name, t in (("X2", X2), ("C", C)):
-        if t.dtype != X1.dtype:
-            raise TypeError(f"{name} has dtype {t.dtype} but X1 has dtype {X1.dtype}; they must match")
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but X1 has dtype {first.dtype}; they must match")
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but X1 is on {first.device}; all tensors must be on one device")
+
+
+def _check_operand_dims(named, active: str) -> None:
+    for name, t in named:
+        if t.dim() < 1:
+            raise ValueError(f"{name} needs at least one dimension (the {active} active dimension), "
+                             f"got shape {tuple(t.shape)}")
+
+
+def _check_coefficients(C, nnz: int) -> None:
+    if C.dim() != 1 or C.shape[0] != nnz:
+        raise ValueError(f"C must be 1-D with one coefficient per index (length {nnz}), got shape {tuple(C.shape)}")
+
+
+_resolved: dict = {}
+_kernel_modules: dict = {}
+
+
+def _implementation(implementation, device) -> str:
+    """The concrete implementation for ``device`` (cached per default, name and device type in eager mode)."""
+    if torch.compiler.is_compiling():
+        return backends.resolve(implementation, device)
+    key = (backends.get_default_implementation(), implementation, device.type)
+    name = _resolved.get(key)
+    if name is None:
+        name = _resolved[key] = backends.resolve(implementation, device)
+    return name
+
+
+def _kernels(name: str):
+    module = _kernel_modules.get(name)
+    if module is None:
+        module = _kernel_modules[name] = backends.kernels(name)
+    return module
+
+
+def _reference(name, X1, X2, W, C, rule):
+    device = X1.device
+    indices = [rule.tensor(n, device) for n in ("m1", "m2", "mu")]
+    weights = {} if W is None else {"W": W, "w": rule.tensor("w", device)}
+    return reference.BY_NAME[name](X1, X2, indices[2], rule.output_size, indices[0], indices[1], C, **weights)
+
+
+def accumulate_rule(X1, X2, rule, C, W=None, *, implementation=None):
+    """Sparse accumulation under a prepared :class:`~sparse_accumulation.rules.Rule`:
+    ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * C[k]``, or with a weighted rule
+    ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * W[..., w[k]] * C[k]``.
+
+    The fastest way to call the op: no index value is read, no host-device copy or synchronisation happens,
+    and ``torch.compile`` sees the Triton kernels (the rule enters the graph as a constant).
+
+    Args:
+        X1: ``[..., M1]`` floating tensor (float16, bfloat16, float32 or float64); ``M1 = rule.input_sizes[0]``.
+        X2: ``[..., M2]``; leading dimensions broadcast with X1's (and W's), as in torch: a shared operand
+            (for example ``[E, 1, M2]`` against ``[E, F, M1]``) is read in place, never expanded in memory.
+        rule: the rule (indices and sizes).
+        C: coefficients, 1-D of length ``rule.nnz``, same dtype and device as X1.
+        W: ``[..., rule.weight_size]``, for weighted rules only (and required by them).
+        implementation: ``None`` (the process default), ``"auto"``, a kernel (``"numba"``, ``"triton"``,
+            ``"torch"``) or a reference (``"loops"``, ``"index_add"``; ``"dense"`` and ``"sparse"`` without W).
+
+    Returns:
+        Contiguous ``[*broadcast leading shape, rule.output_size]`` tensor of X1's dtype and device;
+        differentiable with respect to X1, X2, W and C to any order (gradients of broadcast operands are
+        summed over what they broadcast). 16-bit inputs are accumulated in float32.
+
+    Raises:
+        TypeError: ``rule`` is not a Rule, non-tensor or non-floating data, dtypes differ.
+        ValueError: sizes do not fit the rule, leading dimensions do not broadcast, devices differ, W given for
+            a rule without weights or missing for a weighted one, unknown implementation.
+        RuntimeError: the requested implementation is not available for the device.
+    """
+    if not isinstance(rule, Rule):
+        raise TypeError(f"rule must be a sparse_accumulation.Rule, got {type(rule).__name__}")
+    named = (("X1", X1), ("X2", X2), ("C", C)) + (() if W is None else (("W", W),))
+    _check_data(named)
+    if rule.weighted != (W is not None):
+        raise ValueError("W is required for a weighted rule (one made with w=...)" if rule.weighted
+                         else "W was given but the rule has no weight indices (make it with w=...)")
+    _check_operand_dims([(n, t) for n, t in named if n != "C"], "last")
+    M1, M2 = rule.input_sizes
+    for name, t, size in (("X1", X1, M1), ("X2", X2, M2), ("W", W, rule.weight_size)):
+        if t is not None and t.shape[-1] != size:
+            raise ValueError(f"{name} must end with a dimension of size {size} for this rule, "
+                             f"got shape {tuple(t.shape)}")
+    _check_coefficients(C, rule.nnz)
+    return _run(X1, X2, W, C, rule, implementation)
+
+
+def _run(X1, X2, W, C, rule, implementation):
+    name = _implementation(implementation, X1.device)
+    if name in backends.REFERENCES:
+        return _reference(name, X1, X2, W, C, rule).contiguous()
+    if eager.applies(X1, X2, W, C):
+        return eager.accumulate(X1, X2, W, C, rule, _kernels(name))
+    operands = (X1, X2) if W is None else (X1, X2, W)
+    views, lead = layout.as_rows(operands, _NAMES)
+    # the op resolves the requested name where it runs: an exported graph then holds "auto", not a kernel
+    out = ops.accumulate(views[0], views[1], None if W is None else views[2], C, rule.key,
+                         _requested(implementation))
+    return out.reshape(*lead, rule.output_size)
+
+
+def _requested(implementation) -> str:
+    return backends.get_default_implementation() if implementation is None else implementation
+
+
+def _validate_indexed(X1, X2, mu, output_size, m1, m2, C, active: str) -> None:
+    """Raise ``TypeError``/``ValueError`` for inputs of the wrong kind, shape, dtype or device."""
+    _check_data((("X1", X1), ("X2", X2), ("C", C)))
     for name, t in (("m1", m1), ("m2", m2), ("mu", mu)):
         check_index_tensor(name, t)
-    for name, t in (("X2", X2), ("C", C), ("m1", m1), ("m2", m2), ("mu", mu)):
         if t.device != X1.device:
             raise ValueError(f"{name} is on {t.device} but X1 is on {X1.device}; all tensors must be on one device")
     if isinstance(output_size, bool) or not isinstance(output_size, (int, torch.SymInt)):
         raise TypeError(f"output_size must be an int, got {type(output_size).__name__}")
     if output_size < 0:
         raise ValueError(f"output_size must be non-negative, got {output_size}")
-    if X1.dim() < 1 or X2.dim() < 1:
-        raise ValueError(f"X1 and X2 need at least one dimension (the {active} active dimension), "
-                         f"got shapes {tuple(X1.shape)} and {tuple(X2.shape)}")
+    _check_operand_dims((("X1", X1), ("X2", X2)), active)
     nnz = m1.shape[0]
     if m2.shape[0] != nnz or mu.shape[0] != nnz:
         raise ValueError(f"m1, m2 and mu must have the same length, got {nnz}, {m2.shape[0]} and {mu.shape[0]}")
-    if C.dim() != 1 or C.shape[0] != nnz:
-        raise ValueError(f"C must be 1-D with one coefficient per index (length {nnz}), got shape {tuple(C.shape)}")
+    _check_coefficients(C, nnz)
 
 
-def _check_leading(X1, X2, lead1, lead2, active: str) -> None:
-    if tuple(lead1) != tuple(lead2):
-        raise ValueError(f"X1 and X2 must have equal dimensions besides the {active} active one, "
-                         f"got shapes {tuple(X1.shape)} and {tuple(X2.shape)}")
-
-
-def _accumulate_rows(X1, X2, mu, output_size, m1, m2, C, implementation):
-    """The op on ``[..., M]`` inputs whose leading dimensions were checked to match."""
-    name = backends.resolve(implementation, X1.device)
-    if name in backends.REFERENCES:
-        prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
-        return reference.BY_NAME[name](X1, X2, mu, output_size, m1, m2, C).contiguous()
-    if eager.applies(X1, X2, C, m1, m2, mu):
+def _accumulate_indexed(X1, X2, mu, output_size, m1, m2, C, implementation):
+    """The tensor API on ``[..., M]`` operands (active dimension last)."""
+    name = _implementation(implementation, X1.device)
+    if name in backends.REFERENCES or eager.applies(X1, X2, C, m1, m2, mu):
         rule = prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
-        return eager.accumulate(X1, X2, C, rule, backends.kernels(name))
-    lead = X1.shape[:-1]
-    rows = math.prod(lead)
-    out = ops.accumulate(X1.reshape(rows, X1.shape[-1]), X2.reshape(rows, X2.shape[-1]), C, m1, m2, mu,
-                         output_size, name)
+        return _run(X1, X2, None, C, rule, name)
+    views, lead = layout.as_rows((X1, X2), _NAMES)
+    out = ops.accumulate_indexed(views[0], views[1], C, m1, m2, mu, output_size, _requested(implementation))
     return out.reshape(*lead, output_size)
 
 
@@ -77,8 +176,9 @@ def accumulate(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):
 
     Args:
         X1: ``[..., M1]`` floating tensor (float16, bfloat16, float32 or float64).
-        X2: ``[..., M2]``, same leading dimensions (any number, including none and zero rows), dtype and
-            device as X1.
+        X2: ``[..., M2]``, same dtype and device as X1; the leading dimensions broadcast with X1's, as in torch
+            (equal shapes, any number of dimensions including none and zero rows; a shared operand is read in
+            place).
         mu: output index of each nonzero, 1-D integer tensor (any integer dtype, any order, duplicates allowed).
         output_size: size of the output's last dimension.
         m1, m2: indices into X1 and X2, 1-D integer tensors of the same length as ``mu``.
@@ -88,18 +188,21 @@ def accumulate(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):
             ``"dense"``, ``"sparse"``); see :mod:`sparse_accumulation.backends`.
 
     Returns:
-        Contiguous ``[..., output_size]`` tensor of X1's dtype and device. 16-bit inputs are accumulated in
-        float32. Differentiable with respect to X1, X2 and C, to any order.
+        Contiguous ``[*broadcast leading shape, output_size]`` tensor of X1's dtype and device. 16-bit inputs
+        are accumulated in float32. Differentiable with respect to X1, X2 and C, to any order.
+
+    The index values are read on the host the first time a set of index tensors is used (a synchronisation
+    for CUDA tensors), then found again by the tensors' identity; a :class:`~sparse_accumulation.rules.Rule`
+    with :func:`accumulate_rule` never reads them on a call.
 
     Raises:
         TypeError: non-tensor or non-floating data, non-integer indices, dtypes of X1, X2 and C differ.
-        ValueError: shapes do not fit, tensors on different devices, unknown implementation.
+        ValueError: shapes do not fit or broadcast, tensors on different devices, unknown implementation.
         IndexError: an index is negative or out of range (``mu >= output_size`` included).
         RuntimeError: the requested implementation is not available for the device.
     """
-    _validate(X1, X2, mu, output_size, m1, m2, C, "last")
-    _check_leading(X1, X2, X1.shape[:-1], X2.shape[:-1], "last")
-    return _accumulate_rows(X1, X2, mu, output_size, m1, m2, C, implementation)
+    _validate_indexed(X1, X2, mu, output_size, m1, m2, C, "last")
+    return _accumulate_indexed(X1, X2, mu, output_size, m1, m2, C, implementation)
 
 
 def accumulate_active_dim_first(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):
@@ -108,23 +211,20 @@ def accumulate_active_dim_first(X1, X2, mu, output_size, m1, m2, C, *, implement
     The inputs are read in place (a strided view); the output is returned contiguous. Same arguments,
     dtypes and errors as :func:`accumulate`.
     """
-    _validate(X1, X2, mu, output_size, m1, m2, C, "first")
-    _check_leading(X1, X2, X1.shape[1:], X2.shape[1:], "first")
-    out = _accumulate_rows(X1.movedim(0, -1), X2.movedim(0, -1), mu, output_size, m1, m2, C, implementation)
+    _validate_indexed(X1, X2, mu, output_size, m1, m2, C, "first")
+    out = _accumulate_indexed(X1.movedim(0, -1), X2.movedim(0, -1), mu, output_size, m1, m2, C, implementation)
     return out.movedim(-1, 0).contiguous()
 
 
 def accumulate_active_dim_middle(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):
     """:func:`accumulate` with the active dimension second: X1 ``[A, M1, ...]``, X2 ``[A, M2, ...]`` -> ``[A, output_size, ...]``.
 
-    The inputs are copied to the active-last layout when that is not a view; the output is contiguous.
-    Same arguments, dtypes and errors as :func:`accumulate`.
+    The inputs are read in place where that is a view; the output is contiguous. Same arguments, dtypes and
+    errors as :func:`accumulate`.
     """
-    _validate(X1, X2, mu, output_size, m1, m2, C, "middle")
+    _validate_indexed(X1, X2, mu, output_size, m1, m2, C, "middle")
     if X1.dim() < 2 or X2.dim() < 2:
         raise ValueError(f"X1 and X2 need at least two dimensions for the middle layout, "
                          f"got shapes {tuple(X1.shape)} and {tuple(X2.shape)}")
-    lead1 = X1.shape[:1] + X1.shape[2:]
-    _check_leading(X1, X2, lead1, X2.shape[:1] + X2.shape[2:], "middle")
-    out = _accumulate_rows(X1.movedim(1, -1), X2.movedim(1, -1), mu, output_size, m1, m2, C, implementation)
+    out = _accumulate_indexed(X1.movedim(1, -1), X2.movedim(1, -1), mu, output_size, m1, m2, C, implementation)
     return out.movedim(-1, 1).contiguous()

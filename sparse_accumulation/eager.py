@@ -1,13 +1,15 @@
-"""The eager fast path: the same kernels and derivatives as the registered ops, without the dispatcher.
+"""The eager path: the same kernels and derivatives as the registered ops, without the dispatcher.
 
 Going through ``torch.ops.sparse_accumulation`` costs several Python layers per call (argument filling, the
-custom-op autograd wrapper, redispatch, the compile-disable guard), which dominates small calls and, on the
-GPU, a forward+backward step (see docs/implementations). In plain eager mode the public API calls these
-``torch.autograd.Function`` s instead; they run the kernel modules directly and differentiate through
-:mod:`.derivatives`, so every order of derivative still runs on the kernels. Under ``torch.compile``, tensor
-subclasses, dispatch modes or ``torch.func`` transforms (:func:`applies` is False), the registered ops are used,
-since only they have fake implementations and dispatcher registrations (``torch.func`` transforms are
-not supported by either path: torch's custom-op autograd raises under them).
+custom-op autograd wrapper, redispatch), which dominates small calls and, on the GPU, a forward+backward step.
+In plain eager mode the public API calls these ``torch.autograd.Function`` s instead; they run the kernel
+modules directly and differentiate through :mod:`.derivatives`, so every order of derivative still runs on the
+kernels. Under ``torch.compile``, tensor subclasses, dispatch modes or ``torch.func`` transforms
+(:func:`applies` is False) the registered ops are used, since only they have fake implementations and
+dispatcher registrations.
+
+Operands are the caller's ``[..., M]`` tensors, whose leading dimensions broadcast; the 3-D views the kernels
+take (:mod:`.layout`) are made inside, so autograd records one node per call.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import math
 
 import torch
 
-from . import derivatives
+from . import derivatives, layout
+
+_NAMES = ("X1", "X2", "W")
 
 
 def applies(*tensors) -> bool:
@@ -24,68 +28,88 @@ def applies(*tensors) -> bool:
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
         return False
-    return all(type(t) is torch.Tensor for t in tensors)
+    return all(type(t) is torch.Tensor for t in tensors if t is not None)
 
 
-def accumulate(X1, X2, C, rule, kernels):
-    """Differentiable sparse accumulation of ``[..., M1]`` and ``[..., M2]`` inputs with equal leading
-    dimensions; returns ``[..., rule.output_size]``. Reshaping happens inside, so autograd records one node;
-    without anything to differentiate the kernel is called directly."""
-    if torch.is_grad_enabled() and (X1.requires_grad or X2.requires_grad or C.requires_grad):
-        return _Accumulate.apply(X1, X2, C, rule, kernels)
-    return _forward(X1, X2, C, rule, kernels)
+def accumulate(X1, X2, W, C, rule, kernels):
+    """Differentiable accumulation of ``[..., M]`` operands (``W`` None without weights); returns
+    ``[*broadcast leading shape, rule.output_size]``. Without anything to differentiate the kernel is called
+    directly."""
+    if torch.is_grad_enabled() and (X1.requires_grad or X2.requires_grad or C.requires_grad
+                                    or (W is not None and W.requires_grad)):
+        return _Accumulate.apply(X1, X2, W, C, rule, kernels)
+    return _forward(X1, X2, W, C, rule, kernels)
 
 
-def _forward(X1, X2, C, rule, kernels):
-    out = kernels.accumulate(_flat(X1), _flat(X2), C, rule, rule.output_size)
-    return out if X1.dim() == 2 else out.reshape(*X1.shape[:-1], rule.output_size)
+def _operands(X1, X2, W):
+    return (X1, X2) if W is None else (X1, X2, W)
 
 
-def _flat(t):
-    """``[..., M]`` -> ``[rows, M]`` (a view where possible)."""
-    return t if t.dim() == 2 else t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+def _forward(X1, X2, W, C, rule, kernels):
+    operands = _operands(X1, X2, W)
+    views, lead = layout.as_rows(operands, _NAMES)
+    if math.prod(lead) == 0:
+        return X1.new_zeros(*lead, rule.output_size)
+    out = kernels.accumulate(views[0], views[1], W if W is None else views[2], C, rule)
+    return out.view(*lead, rule.output_size)
 
 
 class _Accumulate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, X1, X2, C, rule, kernels):
-        ctx.save_for_backward(X1, X2, C)
+    def forward(ctx, X1, X2, W, C, rule, kernels):
+        ctx.save_for_backward(X1, X2, W, C)
         ctx.rule, ctx.kernels = rule, kernels
-        return _forward(X1, X2, C, rule, kernels)
+        return _forward(X1, X2, W, C, rule, kernels)
 
     @staticmethod
     def backward(ctx, G):
-        X1, X2, C = ctx.saved_tensors
-        wanted = ctx.needs_input_grad[:3]
-        args = (_flat(G), _flat(X1), _flat(X2), C, ctx.rule, ctx.kernels)
+        X1, X2, W, C = ctx.saved_tensors
+        operands = _operands(X1, X2, W)
+        wanted = ctx.needs_input_grad[:4]
+        views, lead = layout.as_rows(operands, _NAMES)
+        if math.prod(lead) == 0:
+            grads = tuple(torch.zeros_like(t) if t is not None and w else None for t, w in zip((X1, X2, W, C), wanted))
+            return grads + (None, None)
+        A, B = max(v.shape[0] for v in views), max(v.shape[1] for v in views)
+        args = (G.reshape(A, B, G.shape[-1]), views[0], views[1], None if W is None else views[2], C, ctx.rule,
+                ctx.kernels)
         if torch.is_grad_enabled():  # create_graph: the gradients must be differentiable themselves
-            d1, d2, dC = _AccumulateBackward.apply(*args, *wanted)
+            grads = _AccumulateBackward.apply(*args, *wanted)
         else:
-            d1, d2, dC = ctx.kernels.accumulate_backward(*args[:5], *wanted)
-        return (None if d1 is None else d1.reshape(X1.shape), None if d2 is None else d2.reshape(X2.shape), dC,
-                None, None)
+            grads = ctx.kernels.accumulate_backward(*args[:6], *wanted)
+        d1, d2, dW, dC = grads
+        return (layout.gradient_like(d1, X1) if d1 is not None else None,
+                layout.gradient_like(d2, X2) if d2 is not None else None,
+                layout.gradient_like(dW, W) if dW is not None else None, dC, None, None)
 
 
 class _AccumulateBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, G, X1, X2, C, rule, kernels, want_x1, want_x2, want_c):
-        ctx.save_for_backward(G, X1, X2, C)
-        ctx.rule, ctx.kernels, ctx.wanted = rule, kernels, (want_x1, want_x2, want_c)
-        return kernels.accumulate_backward(G, X1, X2, C, rule, want_x1, want_x2, want_c)
+    """``(G, X1, X2, W, C) -> (dX1, dX2, dW, dC)`` on the kernels' 3-D operands."""
 
     @staticmethod
-    def backward(ctx, gg1, gg2, ggC):
-        G, X1, X2, C = ctx.saved_tensors
+    def forward(ctx, G, X1, X2, W, C, rule, kernels, want_x1, want_x2, want_w, want_c):
+        ctx.save_for_backward(G, X1, X2, W, C)
+        ctx.rule, ctx.kernels, ctx.wanted = rule, kernels, (want_x1, want_x2, want_w, want_c)
+        return kernels.accumulate_backward(G, X1, X2, W, C, rule, want_x1, want_x2, want_w, want_c)
+
+    @staticmethod
+    def backward(ctx, gg1, gg2, ggW, ggC):
+        G, X1, X2, W, C = ctx.saved_tensors
         rule, kernels = ctx.rule, ctx.kernels
-        upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggC), ctx.wanted))
-        rules = {None: rule, "X1": rule.swapped("X1"), "X2": rule.swapped("X2")}
+        xs = _operands(X1, X2, W)
+        upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggW, ggC), ctx.wanted))
+        upstream = upstream[:len(xs)] + upstream[3:]
+        needed = ctx.needs_input_grad[:len(xs) + 1] + ctx.needs_input_grad[4:5]
 
-        def acc(a, b, c, role):
-            return _Accumulate.apply(a, b, c, rules[role], kernels)
+        def acc(operands, c, role):
+            target = rule if role is None else rule.swapped(_NAMES[role])
+            return _Accumulate.apply(*operands[:2], operands[2] if len(operands) == 3 else None, c, target, kernels)
 
-        def coefficient_gradient(a, b):
-            return _AccumulateBackward.apply(G, a, b, C, rule, kernels, False, False, True)[2]
+        def coefficient_gradient(operands):
+            weights = operands[2] if len(operands) == 3 else None
+            return _AccumulateBackward.apply(G, operands[0], operands[1], weights, C, rule, kernels,
+                                             False, False, False, True)[3]
 
-        grads = derivatives.backward_of_backward(G, X1, X2, C, upstream, ctx.needs_input_grad[:4], acc,
-                                                 coefficient_gradient)
-        return grads + (None,) * 5
+        dG, *dxs, dC = derivatives.backward_of_backward(G, xs, C, upstream, needed, acc, coefficient_gradient)
+        dW = dxs[2] if len(dxs) == 3 else None
+        return (dG, dxs[0], dxs[1], dW, dC) + (None,) * 6

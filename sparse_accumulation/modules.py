@@ -5,7 +5,8 @@ import torch
 
 import cg
 
-from .api import accumulate
+from .api import accumulate_rule
+from .rules import Rule
 
 
 def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.float32, device="cpu",
@@ -27,7 +28,9 @@ def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.floa
 class CGCalculatorSingle(torch.nn.Module):
     """One CG path ``l1 x l2 -> l_output``: ``forward(X1 [..., 2 l1 + 1], X2 [..., 2 l2 + 1]) -> [..., 2 l_output + 1]``.
 
-    The rule is held as buffers (``m1``, ``m2``, ``mu``, ``C``), so ``.to(device)`` moves it with the module.
+    The indices are held as a :class:`~sparse_accumulation.rules.Rule` (``rule``, read by no call) and, for
+    the peer API, as buffers ``m1``, ``m2``, ``mu``; the coefficients ``C`` are a buffer, so ``.to(device)``
+    moves them with the module. The leading dimensions of X1 and X2 broadcast.
 
     Args:
         l1, l2, l_output: angular momenta of the inputs and the output.
@@ -43,10 +46,10 @@ class CGCalculatorSingle(torch.nn.Module):
         self.l1, self.l2, self.l_output, self.implementation = l1, l2, l_output, implementation
         for name, tensor in (("m1", m1), ("m2", m2), ("mu", mu), ("C", C)):
             self.register_buffer(name, tensor)
+        self.rule = Rule(m1, m2, mu, 2 * l_output + 1, input_sizes=(2 * l1 + 1, 2 * l2 + 1))
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
-        return accumulate(X1, X2, self.mu, 2 * self.l_output + 1, self.m1, self.m2, self.C,
-                          implementation=self.implementation)
+        return accumulate_rule(X1, X2, self.rule, self.C, implementation=self.implementation)
 
     def extra_repr(self) -> str:
         return f"l1={self.l1}, l2={self.l2}, l_output={self.l_output}, nnz={self.C.shape[0]}"

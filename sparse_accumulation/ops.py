@@ -1,99 +1,245 @@
-"""The registered op family ``torch.ops.sparse_accumulation`` with fake implementations and autograd.
+"""The registered op family ``torch.ops.sparse_accumulation``: fake implementations, autograd, compile and export.
 
-Ops work on 2-D ``[rows, components]`` tensors of any strides; the public API reshapes to and from them.
+Ops take the kernels' 3-D operands ``[A_i, B_i, M]`` that broadcast over ``(A, B)`` (see
+:mod:`sparse_accumulation.kernels`); the public API makes those views.
 
-* ``accumulate(X1, X2, C, m1, m2, mu, output_size, implementation) -> out``
-* ``accumulate_backward(G, X1, X2, C, m1, m2, mu, implementation, want_x1, want_x2, want_c)
-  -> (dX1, dX2, dC)``; an output that is not wanted is an empty tensor.
+Rule ops, used with a :class:`~sparse_accumulation.rules.Rule` (``rule`` is its :attr:`~.Rule.key`, a constant
+string, so tracing never reads an index):
 
-The op is closed under differentiation (gradients are sparse accumulations with roles of the indices
-swapped), so each backward is written with these two ops only and is itself differentiable: double
-backward, and any higher order, comes from the same kernels (:mod:`.derivatives`). In eager mode the public
-API skips the dispatcher and calls the same kernels through :mod:`.eager`. Index values are checked inside
-the ops (through the cached :func:`~sparse_accumulation.rules.prepare_rule`), where ``torch.compile`` does
-not trace.
+* ``accumulate(X1, X2, W, C, rule, implementation) -> out`` (``W`` optional);
+* ``accumulate_backward(G, X1, X2, W, C, rule, implementation, want_x1, want_x2, want_w, want_c)
+  -> (dX1, dX2, dW, dC)``, an output that is not wanted is an empty tensor.
+
+Both are ``torch.library.triton_op`` s: with the Triton implementation on CUDA, ``torch.compile`` traces into
+them and sees the kernel launches (which it can then CUDA-graph and AOTInductor can package); with any other
+implementation they call the opaque kernel ops ``kernel_accumulate`` / ``kernel_accumulate_backward``.
+``torch.export`` keeps them as single nodes that carry the rule's key. ``implementation`` may be ``"auto"``,
+resolved where the op runs.
+
+Indexed ops, used by the tensor API (``accumulate(X1, X2, mu, output_size, m1, m2, C)``) where the index
+tensors are data: ``accumulate_indexed`` and ``accumulate_indexed_backward``, opaque, which find the rule from
+the index tensors when they run (:func:`~sparse_accumulation.rules.prepare_rule`: one read of the index values
+per set of index tensors).
+
+The op family is closed under differentiation (gradients are accumulations with the roles of the indices
+swapped), so every backward is written with these ops and is itself differentiable (:mod:`.derivatives`).
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import backends, derivatives
-from .rules import prepare_rule
+from .rules import Rule, prepare_rule
 
 _NAMESPACE = "sparse_accumulation"
+_ROLES = ("X1", "X2", "W")
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::accumulate", mutates_args=())
-def accumulate(X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor, m2: Tensor, mu: Tensor, output_size: int,
-               implementation: str) -> Tensor:
-    """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]`` on 2-D inputs; ``out`` is ``[rows, output_size]``."""
-    rule = prepare_rule(m1, m2, mu, X1.shape[1], X2.shape[1], output_size)
-    return backends.kernels(implementation).accumulate(X1, X2, C, rule, output_size)
+def _broadcast_shape(*operands) -> tuple:
+    return max(t.shape[0] for t in operands if t is not None), max(t.shape[1] for t in operands if t is not None)
 
 
-@accumulate.register_fake
-def _(X1, X2, C, m1, m2, mu, output_size, implementation):
-    return X1.new_empty((X1.shape[0], output_size))
+def _empty_unless(wanted: bool, like: Optional[Tensor], reference: Tensor) -> Tensor:
+    return reference.new_empty(like.shape if wanted else (0,))
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::accumulate_backward", mutates_args=())
-def accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor, m2: Tensor, mu: Tensor,
-                        implementation: str, want_x1: bool, want_x2: bool, want_c: bool
-                        ) -> tuple[Tensor, Tensor, Tensor]:
-    """Gradients of :func:`accumulate` for the output gradient ``G``; unwanted ones are empty tensors."""
-    rule = prepare_rule(m1, m2, mu, X1.shape[1], X2.shape[1], G.shape[1])
-    results = backends.kernels(implementation).accumulate_backward(G, X1, X2, C, rule, want_x1, want_x2, want_c)
+def _kernels(implementation: str, device):
+    return backends.kernels(backends.resolve(implementation, device))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# opaque kernel ops (any implementation but Triton-on-CUDA inside the rule ops)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::kernel_accumulate", mutates_args=())
+def kernel_accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
+                      implementation: str) -> Tensor:
+    """``out[a, b, mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]`` with the kernels of ``implementation``."""
+    return _kernels(implementation, X1.device).accumulate(X1, X2, W, C, Rule.from_key(rule))
+
+
+@kernel_accumulate.register_fake
+def _(X1, X2, W, C, rule, implementation):
+    A, B = _broadcast_shape(X1, X2, W)
+    return X1.new_empty((A, B, Rule.from_key(rule).output_size))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::kernel_accumulate_backward", mutates_args=())
+def kernel_accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
+                               implementation: str, want_x1: bool, want_x2: bool, want_w: bool, want_c: bool
+                               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of :func:`kernel_accumulate`; unwanted ones are empty tensors."""
+    results = _kernels(implementation, X1.device).accumulate_backward(
+        G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2, want_w and W is not None, want_c)
     return tuple(X1.new_empty(0) if t is None else t for t in results)
 
 
-@accumulate_backward.register_fake
-def _(G, X1, X2, C, m1, m2, mu, implementation, want_x1, want_x2, want_c):
-    return (X1.new_empty(X1.shape if want_x1 else (0,)), X1.new_empty(X2.shape if want_x2 else (0,)),
-            X1.new_empty(C.shape if want_c else (0,)))
+@kernel_accumulate_backward.register_fake
+def _(G, X1, X2, W, C, rule, implementation, want_x1, want_x2, want_w, want_c):
+    return (_empty_unless(want_x1, X1, X1), _empty_unless(want_x2, X2, X1),
+            _empty_unless(want_w and W is not None, W, X1), _empty_unless(want_c, C, X1))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# rule ops
+
+
+def _triton_here(implementation: str, device) -> bool:
+    return device.type == "cuda" and backends.resolve(implementation, device) == "triton"
+
+
+@torch.library.triton_op(f"{_NAMESPACE}::accumulate", mutates_args=())
+def accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str, implementation: str) -> Tensor:
+    """Sparse accumulation of 3-D broadcast operands under the rule of key ``rule``; ``[A, B, output_size]``."""
+    if _triton_here(implementation, X1.device):
+        from .kernels import triton_gpu
+
+        return triton_gpu.accumulate(X1, X2, W, C, Rule.from_key(rule), traceable=True)
+    return kernel_accumulate(X1, X2, W, C, rule, implementation)
+
+
+@torch.library.triton_op(f"{_NAMESPACE}::accumulate_backward", mutates_args=())
+def accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
+                        implementation: str, want_x1: bool, want_x2: bool, want_w: bool, want_c: bool
+                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of :func:`accumulate` for the output gradient ``G``; unwanted ones are empty tensors."""
+    want_w = want_w and W is not None
+    if _triton_here(implementation, X1.device):
+        from .kernels import triton_gpu
+
+        results = triton_gpu.accumulate_backward(G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2, want_w,
+                                                 want_c, traceable=True)
+        return tuple(X1.new_empty(0) if t is None else t for t in results)
+    return kernel_accumulate_backward(G, X1, X2, W, C, rule, implementation, want_x1, want_x2, want_w, want_c)
 
 
 def _setup_accumulate(ctx, inputs, output):
-    X1, X2, C, m1, m2, mu, _, implementation = inputs
-    ctx.save_for_backward(X1, X2, C, m1, m2, mu)
-    ctx.implementation = implementation
+    X1, X2, W, C, rule, implementation = inputs
+    ctx.save_for_backward(X1, X2, W, C)
+    ctx.rule, ctx.implementation = rule, implementation
 
 
 def _accumulate_grad(ctx, grad):
-    X1, X2, C, m1, m2, mu = ctx.saved_tensors
-    want_x1, want_x2, want_c = ctx.needs_input_grad[:3]
-    d1, d2, dC = accumulate_backward(grad, X1, X2, C, m1, m2, mu, ctx.implementation, want_x1, want_x2, want_c)
-    return (d1 if want_x1 else None, d2 if want_x2 else None, dC if want_c else None,
-            None, None, None, None, None)
+    X1, X2, W, C = ctx.saved_tensors
+    wanted = ctx.needs_input_grad[:4]
+    grads = accumulate_backward(grad, X1, X2, W, C, ctx.rule, ctx.implementation, *wanted)
+    return tuple(g if w else None for g, w in zip(grads, wanted)) + (None, None)
 
 
 accumulate.register_autograd(_accumulate_grad, setup_context=_setup_accumulate)
 
 
 def _setup_backward(ctx, inputs, output):
-    G, X1, X2, C, m1, m2, mu, implementation, want_x1, want_x2, want_c = inputs
-    ctx.save_for_backward(G, X1, X2, C, m1, m2, mu)
+    G, X1, X2, W, C, rule, implementation, *wanted = inputs
+    ctx.save_for_backward(G, X1, X2, W, C)
+    ctx.rule, ctx.implementation, ctx.wanted = rule, implementation, tuple(wanted)
+
+
+def _accumulate_backward_grad(ctx, gg1, gg2, ggW, ggC):
+    """Differentiate ``(dX1, dX2, dW, dC)`` again with the same ops (see :mod:`.derivatives`)."""
+    G, X1, X2, W, C = ctx.saved_tensors
+    rule, impl = Rule.from_key(ctx.rule), ctx.implementation
+    xs = (X1, X2) if W is None else (X1, X2, W)
+    upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggW, ggC), ctx.wanted))
+    upstream = upstream[:len(xs)] + upstream[3:]
+    needed = ctx.needs_input_grad[:len(xs) + 1] + ctx.needs_input_grad[4:5]
+
+    def acc(operands, c, role):
+        key = rule.key if role is None else rule.swapped(_ROLES[role]).key
+        return accumulate(operands[0], operands[1], operands[2] if len(operands) == 3 else None, c, key, impl)
+
+    def coefficient_gradient(operands):
+        weights = operands[2] if len(operands) == 3 else None
+        return accumulate_backward(G, operands[0], operands[1], weights, C, rule.key, impl,
+                                   False, False, False, True)[3]
+
+    dG, *dxs, dC = derivatives.backward_of_backward(G, xs, C, upstream, needed, acc, coefficient_gradient)
+    return (dG, dxs[0], dxs[1], dxs[2] if len(dxs) == 3 else None, dC) + (None,) * 6
+
+
+accumulate_backward.register_autograd(_accumulate_backward_grad, setup_context=_setup_backward)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# indexed ops (the tensor API under torch.compile, dispatch modes and subclasses)
+
+
+def _indexed_rule(m1, m2, mu, X1, X2, output_size) -> Rule:
+    return prepare_rule(m1, m2, mu, X1.shape[2], X2.shape[2], output_size)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::accumulate_indexed", mutates_args=())
+def accumulate_indexed(X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor, m2: Tensor, mu: Tensor, output_size: int,
+                       implementation: str) -> Tensor:
+    """:func:`accumulate` with the rule given by index tensors, checked and converted when the op runs."""
+    rule = _indexed_rule(m1, m2, mu, X1, X2, output_size)
+    return _kernels(implementation, X1.device).accumulate(X1, X2, None, C, rule)
+
+
+@accumulate_indexed.register_fake
+def _(X1, X2, C, m1, m2, mu, output_size, implementation):
+    A, B = _broadcast_shape(X1, X2)
+    return X1.new_empty((A, B, output_size))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::accumulate_indexed_backward", mutates_args=())
+def accumulate_indexed_backward(G: Tensor, X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor, m2: Tensor, mu: Tensor,
+                                implementation: str, want_x1: bool, want_x2: bool, want_c: bool
+                                ) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of :func:`accumulate_indexed`; unwanted ones are empty tensors."""
+    rule = _indexed_rule(m1, m2, mu, X1, X2, G.shape[2])
+    d1, d2, _, dC = _kernels(implementation, X1.device).accumulate_backward(G, X1, X2, None, C, rule, want_x1,
+                                                                            want_x2, False, want_c)
+    return tuple(X1.new_empty(0) if t is None else t for t in (d1, d2, dC))
+
+
+@accumulate_indexed_backward.register_fake
+def _(G, X1, X2, C, m1, m2, mu, implementation, want_x1, want_x2, want_c):
+    return _empty_unless(want_x1, X1, X1), _empty_unless(want_x2, X2, X1), _empty_unless(want_c, C, X1)
+
+
+def _setup_indexed(ctx, inputs, output):
+    X1, X2, C, m1, m2, mu, _, implementation = inputs
+    ctx.save_for_backward(X1, X2, C, m1, m2, mu)
     ctx.implementation = implementation
-    ctx.wanted = (want_x1, want_x2, want_c)
 
 
-def _accumulate_backward_grad(ctx, gg1, gg2, ggC):
-    """Differentiate ``(dX1, dX2, dC)`` again with the same two ops (see :mod:`.derivatives`)."""
+def _indexed_grad(ctx, grad):
+    X1, X2, C, m1, m2, mu = ctx.saved_tensors
+    wanted = ctx.needs_input_grad[:3]
+    grads = accumulate_indexed_backward(grad, X1, X2, C, m1, m2, mu, ctx.implementation, *wanted)
+    return tuple(g if w else None for g, w in zip(grads, wanted)) + (None,) * 5
+
+
+accumulate_indexed.register_autograd(_indexed_grad, setup_context=_setup_indexed)
+
+
+def _setup_indexed_backward(ctx, inputs, output):
+    G, X1, X2, C, m1, m2, mu, implementation, *wanted = inputs
+    ctx.save_for_backward(G, X1, X2, C, m1, m2, mu)
+    ctx.implementation, ctx.wanted = implementation, tuple(wanted)
+
+
+def _indexed_backward_grad(ctx, gg1, gg2, ggC):
     G, X1, X2, C, m1, m2, mu = ctx.saved_tensors
     impl = ctx.implementation
     upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggC), ctx.wanted))
-    rules = {None: (m1, m2, mu, G.shape[1]), "X1": (mu, m2, m1, X1.shape[1]), "X2": (m1, mu, m2, X2.shape[1])}
+    # the rule with slot `role` and the output swapped, and the size of what it writes
+    swapped = {None: (m1, m2, mu, G.shape[2]), 0: (mu, m2, m1, X1.shape[2]), 1: (m1, mu, m2, X2.shape[2])}
 
-    def acc(a, b, c, role):
-        i1, i2, out_index, size = rules[role]
-        return accumulate(a, b, c, i1, i2, out_index, size, impl)
+    def acc(operands, c, role):
+        i1, i2, out, size = swapped[role]
+        return accumulate_indexed(operands[0], operands[1], c, i1, i2, out, size, impl)
 
-    def coefficient_gradient(a, b):
-        return accumulate_backward(G, a, b, C, m1, m2, mu, impl, False, False, True)[2]
+    def coefficient_gradient(operands):
+        return accumulate_indexed_backward(G, operands[0], operands[1], C, m1, m2, mu, impl, False, False, True)[2]
 
-    grads = derivatives.backward_of_backward(G, X1, X2, C, upstream, ctx.needs_input_grad[:4], acc,
+    grads = derivatives.backward_of_backward(G, (X1, X2), C, upstream, ctx.needs_input_grad[:4], acc,
                                              coefficient_gradient)
     return grads + (None,) * 7
 
 
-accumulate_backward.register_autograd(_accumulate_backward_grad, setup_context=_setup_backward)
+accumulate_indexed_backward.register_autograd(_indexed_backward_grad, setup_context=_setup_indexed_backward)

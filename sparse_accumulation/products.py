@@ -6,7 +6,9 @@ Features with several angular blocks are held as ONE tensor ``[..., channels, di
 
 * ``channels`` is shared by every block, and the product is element-wise over it ("uuu"): channel ``c`` of
   X1 only meets channel ``c`` of X2. Every leading dimension (batch, atoms, channels, ...) is just a row of
-  the accumulation, so the leading dimensions of X1 and X2 must be equal.
+  the accumulation, and the leading dimensions of X1 and X2 broadcast as in torch: ``[E, 1, dim2]``
+  spherical harmonics of an edge meet every channel of ``[E, channels, dim1]`` features without being
+  copied.
 * the last dimension concatenates blocks of ``2l + 1`` components (index ``m + l``), described by *irreps*:
   a sequence of ``(n, l)`` pairs, ``n`` consecutive blocks of degree ``l``, so
   ``dim = sum n (2l + 1)``. ``n`` counts blocks *within* a channel (it is not e3nn's channel multiplicity).
@@ -45,7 +47,8 @@ import torch
 
 import cg
 
-from .api import accumulate
+from .api import accumulate_rule
+from .rules import Rule
 
 __all__ = [
     "Path",
@@ -270,7 +273,7 @@ class ClebschGordanProduct(torch.nn.Module):
 
     ``forward(X1, X2) -> [..., channels, dim_out]``: see the module documentation for the layouts (inputs
     ``[..., channels, dim1]`` / ``[..., channels, dim2]`` or dicts / lists by degree; output grouped by
-    ``L``, then by path). Channels are paired element-wise ("uuu"); the leading dimensions must be equal.
+    ``L``, then by path). Channels are paired element-wise ("uuu"); the leading dimensions broadcast.
 
     Args:
         irreps1, irreps2: descriptions of X1 and X2 (``int`` lmax or ``(n, l)`` pairs).
@@ -299,9 +302,10 @@ class ClebschGordanProduct(torch.nn.Module):
     Complex inputs (both complex64 or both complex128) are supported in every basis (the coefficients are
     real); the ``"complex"`` basis is the one for complex spherical features.
 
-    The rule buffers are constant and not in the state dict; under ``DistributedDataParallel`` pass
-    ``broadcast_buffers=False`` (``forward_sync_buffers=False`` in recent torch) so they are not re-sent,
-    and re-validated, before every forward. The only parameters are the per-path weights.
+    The indices are held as :class:`~sparse_accumulation.rules.Rule` objects (``rule``, ``rule_complex``) that
+    no call reads; the coefficient buffers are constant and not in the state dict (under
+    ``DistributedDataParallel``, ``broadcast_buffers=False`` saves re-sending them). The only parameters are
+    the per-path weights.
     """
 
     def __init__(self, irreps1: IrrepsLike, irreps2: IrrepsLike, lmax_out: int | None = None, *,
@@ -355,20 +359,22 @@ class ClebschGordanProduct(torch.nn.Module):
         self.dim1, self.dim2, self.dim_out = irreps_dim(self.irreps1), irreps_dim(self.irreps2), offset_out
 
         rule = [np.concatenate(parts) for parts in zip(*pieces)]
-        self._register_rule("", rule, dtype)
-        self._register_rule("_complex", _complex_rule(*rule), dtype)
+        self.rule = self._register_rule("", rule, (self.dim1, self.dim2, self.dim_out), dtype)
+        self.rule_complex = self._register_rule("_complex", _complex_rule(*rule),
+                                                (2 * self.dim1, 2 * self.dim2, 2 * self.dim_out), dtype)
         if weights:
             self.weight = torch.nn.Parameter(torch.ones(len(paths), dtype=dtype))
         else:
             self.register_parameter("weight", None)
 
-    def _register_rule(self, suffix: str, rule, dtype) -> None:
-        # The rule is fixed by the constructor's arguments: buffers (they follow .to(device)) that are not
-        # saved in the state dict. Kept as the same tensors, they are validated once (see rules.prepare_rule).
+    def _register_rule(self, suffix: str, rule, sizes, dtype) -> Rule:
+        # The rule is fixed by the constructor's arguments: the indices as a Rule (no call reads them), the
+        # coefficients and the path of each nonzero as buffers (they follow .to(device)) that are not saved in
+        # the state dict.
         m1, m2, mu, C, path = rule
-        for name, array in (("m1", m1), ("m2", m2), ("mu", mu), ("path_index", path)):
-            self.register_buffer(name + suffix, torch.as_tensor(array, dtype=torch.int64), persistent=False)
+        self.register_buffer("path_index" + suffix, torch.as_tensor(path, dtype=torch.int64), persistent=False)
         self.register_buffer("C" + suffix, torch.as_tensor(C, dtype=dtype), persistent=False)
+        return Rule(m1, m2, mu, sizes[2], input_sizes=sizes[:2])
 
     @property
     def n_paths(self) -> int:
@@ -399,11 +405,10 @@ class ClebschGordanProduct(torch.nn.Module):
                 raise TypeError(f"complex inputs must have the same dtype, got {X1.dtype} and {X2.dtype}")
             x1 = torch.view_as_real(X1.resolve_conj()).flatten(-2)
             x2 = torch.view_as_real(X2.resolve_conj()).flatten(-2)
-            out = accumulate(x1, x2, self.mu_complex, 2 * self.dim_out, self.m1_complex, self.m2_complex,
-                             self.coefficients(x1.dtype, complex_rule=True), implementation=self.implementation)
+            out = accumulate_rule(x1, x2, self.rule_complex, self.coefficients(x1.dtype, complex_rule=True),
+                                  implementation=self.implementation)
             return torch.view_as_complex(out.unflatten(-1, (self.dim_out, 2)))
-        return accumulate(X1, X2, self.mu, self.dim_out, self.m1, self.m2, self.coefficients(X1.dtype),
-                          implementation=self.implementation)
+        return accumulate_rule(X1, X2, self.rule, self.coefficients(X1.dtype), implementation=self.implementation)
 
     def split(self, out: torch.Tensor) -> dict:
         """Views ``{L: [..., channels, n_L, 2L+1]}`` of an output (path ``j`` of ``L`` at index ``j``)."""

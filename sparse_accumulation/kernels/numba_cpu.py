@@ -201,8 +201,8 @@ def _coefficients(C: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return C.detach().to(dtype).contiguous().numpy()
 
 
-def accumulate(X1, X2, C, rule, output_size):
-    """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
+def _accumulate_rows(X1, X2, C, rule, output_size):
+    """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]`` on 2-D ``[rows, M]`` operands."""
     dtype = accumulation_dtype(X1.dtype)
     rows = X1.shape[0]
     out = _empty((rows, output_size), dtype)
@@ -218,11 +218,9 @@ def accumulate(X1, X2, C, rule, output_size):
     return out.to(X1.dtype)
 
 
-def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
-    """Gradients ``(dX1, dX2, dC)`` for the output gradient ``G`` in one pass over the rows.
-
-    Entries not wanted come back as ``None``. See :mod:`sparse_accumulation.kernels`.
-    """
+def _backward_rows(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
+    """Gradients ``(dX1, dX2, dC)`` of :func:`_accumulate_rows` in one pass over the rows (``None`` where not
+    wanted)."""
     dtype = accumulation_dtype(X1.dtype)
     rows, (M1, M2) = X1.shape[0], rule.input_sizes
     d1 = _empty((rows, M1) if want_x1 else (0,), dtype)
@@ -246,3 +244,35 @@ def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=T
     # dC sums the per-block partials in float64 in a fixed order: deterministic and accurate.
     dC = torch.from_numpy(partial.sum(axis=0, dtype=np.float64)).to(X1.dtype) if want_c else None
     return (d1.to(X1.dtype) if want_x1 else None, d2.to(X1.dtype) if want_x2 else None, dC)
+
+
+def _rows(t, A, B):
+    return t.expand(A, B, t.shape[2]).reshape(A * B, t.shape[2])
+
+
+def _reduced(grad, like, A, B):
+    grad = grad.reshape(A, B, grad.shape[1])
+    if like.shape[1] == 1 and B != 1:
+        grad = grad.sum(1, keepdim=True)
+    if like.shape[0] == 1 and A != 1:
+        grad = grad.sum(0, keepdim=True)
+    return grad.contiguous()
+
+
+def accumulate(X1, X2, W, C, rule):
+    """``out[a, b, mu[k]] += X1[m1[k]] * X2[m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
+    if W is not None:
+        raise NotImplementedError("the numba kernels do not support weighted rules yet")
+    A, B = max(X1.shape[0], X2.shape[0]), max(X1.shape[1], X2.shape[1])
+    return _accumulate_rows(_rows(X1, A, B), _rows(X2, A, B), C, rule, rule.output_size).reshape(A, B, -1)
+
+
+def accumulate_backward(G, X1, X2, W, C, rule, want_x1=True, want_x2=True, want_w=False, want_c=True):
+    """Gradients ``(dX1, dX2, dW, dC)``; see :mod:`sparse_accumulation.kernels`."""
+    if W is not None:
+        raise NotImplementedError("the numba kernels do not support weighted rules yet")
+    A, B = G.shape[0], G.shape[1]
+    d1, d2, dC = _backward_rows(G.reshape(A * B, -1), _rows(X1, A, B), _rows(X2, A, B), C, rule, want_x1,
+                                want_x2, want_c)
+    return (None if d1 is None else _reduced(d1, X1, A, B), None if d2 is None else _reduced(d2, X2, A, B),
+            None, dC)

@@ -1,7 +1,8 @@
 """Portable torch kernels (any device): gather and ``index_add`` over bounded chunks of rows.
 
-The fallback when neither numba (CPU) nor Triton (CUDA) is available. Work per chunk is ``[chunk, nnz]``,
-with the chunk sized so that this intermediate stays under about :data:`CHUNK_ELEMENTS` elements.
+The fallback when neither numba (CPU) nor Triton (CUDA) is available. Operands are 3-D ``[A_i, B_i, M]`` and
+broadcast over ``(A, B)`` (see :mod:`sparse_accumulation.kernels`); work is done in chunks of the outer
+dimension, each holding a ``[chunk, B, nnz]`` intermediate of about :data:`CHUNK_ELEMENTS` elements at most.
 """
 from __future__ import annotations
 
@@ -12,41 +13,78 @@ from . import accumulation_dtype
 CHUNK_ELEMENTS = 1 << 22
 
 
-def _chunk_rows(nnz: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(nnz, 1))
+def _shape(operands) -> tuple:
+    """The broadcast ``(A, B)`` of 3-D operands."""
+    return max(t.shape[0] for t in operands), max(t.shape[1] for t in operands)
 
 
-def accumulate(X1, X2, C, rule, output_size):
-    """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
+def _chunks(A: int, B: int, nnz: int):
+    step = max(1, CHUNK_ELEMENTS // max(B * nnz, 1))
+    return (slice(start, min(start + step, A)) for start in range(0, A, step))
+
+
+def _gathered(t, index, chunk, B, dtype):
+    """``t[chunk, :, index]`` broadcast to ``[n, B, nnz]`` (a view over what ``t`` broadcasts)."""
+    part = t if t.shape[0] == 1 else t[chunk]
+    return part.to(dtype)[:, :, index].expand(-1, B, -1)
+
+
+def _product(factors, chunk, B, dtype, coefficients):
+    result = coefficients
+    for t, index in factors:
+        result = _gathered(t, index, chunk, B, dtype) * result
+    return result
+
+
+def _reduce_to(contribution, like):
+    """Sum ``[n, B, M]`` over the dimensions ``like`` (``[A_i, B_i, M]``) broadcasts."""
+    if like.shape[1] == 1 and contribution.shape[1] != 1:
+        contribution = contribution.sum(1, keepdim=True)
+    if like.shape[0] == 1 and contribution.shape[0] != 1:
+        contribution = contribution.sum(0, keepdim=True)
+    return contribution
+
+
+def _indices(rule, device):
+    return {name: rule.tensor(name, device) for name in ("m1", "m2", "mu") + (("w",) if rule.weighted else ())}
+
+
+def accumulate(X1, X2, W, C, rule):
+    """``out[a, b, mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
     dtype = accumulation_dtype(X1.dtype)
-    m1, m2, mu = (rule.tensor(name, X1.device) for name in ("m1", "m2", "mu"))
-    out = torch.zeros(X1.shape[0], output_size, dtype=dtype, device=X1.device)
+    operands = (X1, X2) if W is None else (X1, X2, W)
+    A, B = _shape(operands)
+    index = _indices(rule, X1.device)
+    factors = [(X1, index["m1"]), (X2, index["m2"])] + ([] if W is None else [(W, index["w"])])
+    out = torch.zeros(A, B, rule.output_size, dtype=dtype, device=X1.device)
     coefficients = C.to(dtype)
-    step = _chunk_rows(rule.nnz)
-    for start in range(0, X1.shape[0], step):
-        x1 = X1[start:start + step].to(dtype)
-        x2 = X2[start:start + step].to(dtype)
-        out[start:start + step].index_add_(1, mu, x1[:, m1] * x2[:, m2] * coefficients)
+    for chunk in _chunks(A, B, rule.nnz):
+        out[chunk].index_add_(2, index["mu"], _product(factors, chunk, B, dtype, coefficients))
     return out.to(X1.dtype)
 
 
-def accumulate_backward(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
-    """Gradients ``(dX1, dX2, dC)`` for the output gradient ``G`` (``None`` where not wanted)."""
+def accumulate_backward(G, X1, X2, W, C, rule, want_x1=True, want_x2=True, want_w=False, want_c=True):
+    """Gradients ``(dX1, dX2, dW, dC)`` for the output gradient ``G`` (``None`` where not wanted)."""
     dtype = accumulation_dtype(X1.dtype)
-    m1, m2, mu = (rule.tensor(name, X1.device) for name in ("m1", "m2", "mu"))
-    (M1, M2), rows = rule.input_sizes, X1.shape[0]
-    d1 = torch.zeros(rows, M1, dtype=dtype, device=X1.device) if want_x1 else None
-    d2 = torch.zeros(rows, M2, dtype=dtype, device=X1.device) if want_x2 else None
+    A, B = G.shape[0], G.shape[1]
+    index = _indices(rule, X1.device)
+    slots = [("m1", X1, want_x1), ("m2", X2, want_x2)] + ([] if W is None else [("w", W, want_w)])
+    grads = {name: torch.zeros(t.shape, dtype=dtype, device=t.device) for name, t, wanted in slots if wanted}
     dC = torch.zeros(rule.nnz, dtype=dtype, device=X1.device) if want_c else None
     coefficients = C.to(dtype)
-    step = _chunk_rows(rule.nnz)
-    for start in range(0, rows, step):
-        chunk = slice(start, start + step)
-        g, x1, x2 = (t[chunk].to(dtype)[:, index] for t, index in ((G, mu), (X1, m1), (X2, m2)))
-        if want_x1:
-            d1[chunk].index_add_(1, m1, g * x2 * coefficients)
-        if want_x2:
-            d2[chunk].index_add_(1, m2, g * x1 * coefficients)
+    ones = torch.ones_like(coefficients)
+    for chunk in _chunks(A, B, rule.nnz):
+        for name, t, wanted in slots:
+            if not wanted:
+                continue
+            others = [(G, index["mu"])] + [(u, index[n]) for n, u, _ in slots if n != name]
+            contribution = torch.zeros(chunk.stop - chunk.start, B, t.shape[2], dtype=dtype, device=t.device)
+            contribution.index_add_(2, index[name], _product(others, chunk, B, dtype, coefficients))
+            contribution = _reduce_to(contribution, t)
+            target = grads[name] if t.shape[0] == 1 else grads[name][chunk]
+            target += contribution
         if want_c:
-            dC += (g * x1 * x2).sum(0)
-    return tuple(None if t is None else t.to(X1.dtype) for t in (d1, d2, dC))
+            everything = [(G, index["mu"])] + [(u, index[n]) for n, u, _ in slots]
+            dC += _product(everything, chunk, B, dtype, ones).sum((0, 1))
+    d = {name: grads[name].to(X1.dtype) if name in grads else None for name in ("m1", "m2", "w")}
+    return d["m1"], d["m2"], d["w"], None if dC is None else dC.to(X1.dtype)

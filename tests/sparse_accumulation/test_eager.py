@@ -34,8 +34,9 @@ def test_eager_path_equals_registered_ops_bitwise(generator, implementation):
         return sa.accumulate(a, b, mu, O, m1, m2, c, implementation=implementation)
 
     def registered(a, b, c):
-        out = torch.ops.sparse_accumulation.accumulate(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]), c,
-                                                       m1, m2, mu, O, implementation)
+        out = torch.ops.sparse_accumulation.accumulate_indexed(a.reshape(-1, 1, a.shape[-1]),
+                                                               b.reshape(-1, 1, b.shape[-1]), c, m1, m2, mu, O,
+                                                               implementation)
         return out.reshape(*a.shape[:-1], O)
 
     for got, want in zip(_first_and_second_derivatives(public, X1, X2, C, G),
@@ -51,6 +52,7 @@ def test_plain_eager_calls_skip_the_dispatcher(generator, monkeypatch):
         raise AssertionError("the registered op was called in plain eager mode")
 
     monkeypatch.setattr(ops, "accumulate", fail)
+    monkeypatch.setattr(ops, "accumulate_indexed", fail)
     X1.requires_grad_()
     out = sa.accumulate(X1, X2, mu, O, m1, m2, C, implementation="numba")
     assert torch.equal(out, expected)
@@ -75,4 +77,8 @@ def test_dispatch_modes_see_the_registered_ops(generator):
     with CountOps() as mode:
         out = sa.accumulate(X1, X2, mu, O, m1, m2, C, implementation="numba")
         out.backward(G)
+    assert mode.calls == ["accumulate_indexed", "accumulate_indexed_backward"]
+    rule = sa.Rule(m1, m2, mu, O, input_sizes=(X1.shape[-1], X2.shape[-1]))
+    with CountOps() as mode:
+        sa.accumulate_rule(X1, X2, rule, C, implementation="numba").backward(G)
     assert mode.calls == ["accumulate", "accumulate_backward"]

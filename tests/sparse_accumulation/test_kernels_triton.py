@@ -1,15 +1,15 @@
 """Triton kernels (``sparse_accumulation.kernels.triton_gpu``) against a brute-force float64 loop.
 
 Without a GPU (CI) the kernels run on CPU tensors under the Triton interpreter; on a CUDA machine the same
-tests run compiled on CUDA tensors (plus the larger ``test_gpu_*`` ones), unless ``TRITON_INTERPRET=1`` was set
-from outside.
+tests run compiled on CUDA tensors, unless ``TRITON_INTERPRET=1`` was set from outside; the larger tests marked
+``cuda`` run only there (``pytest -m cuda``).
 
 When triton reads ``TRITON_INTERPRET``: ``triton.jit`` reads it when a function is decorated. The kernel module
 creates (decorates) its generated kernels lazily and keys its cache on the flag, and its generated code calls
 only triton builtins and helpers it defines itself (not triton's own ``@jit`` library functions such as
 ``tl.sum``/``tl.zeros``, which are decorated once, when triton is imported). So setting the variable here works
 whether or not triton was imported before; it is set before any import anyway, and restored when this module's
-tests are done. One process cannot mix modes for triton's library: interpreted kernels then compiled ones.
+tests are done.
 """
 import os
 
@@ -28,7 +28,7 @@ triton = pytest.importorskip("triton")
 
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation.kernels import triton_gpu  # noqa: E402
-from sparse_accumulation.rules import prepare_rule  # noqa: E402
+from sparse_accumulation.kernels.triton import build, launch  # noqa: E402
 
 # Only this module's tests run interpreted (the fixture below sets the variable again for them): other test
 # modules collected after this one must see the environment as it was.
@@ -40,6 +40,7 @@ else:
 STRATEGIES = triton_gpu.STRATEGIES + ("pieces+tile", "tile+pieces")
 LOAD_STRATEGIES = ("tile", "pieces", "columns")  # the dC kernel only loads
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+cuda = pytest.mark.skipif(INTERPRET, reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -53,15 +54,14 @@ def _interpreter():
         os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
 
 
-def make_rule(name):
-    """(prepared rule, m1, m2, mu as numpy, M1, M2, output_size)."""
-    rng = np.random.default_rng({"random": 1, "cg_like": 2, "single": 3, "wide": 4, "odd": 5}[name])
+def make_rule(name, weight_size=None):
+    """``(rule, indices)``: a Rule and its index arrays as numpy, the operands' then the output's:
+    ``(m1, m2, mu)`` or ``(m1, m2, w, mu)``."""
+    rng = np.random.default_rng({"random": 1, "cg_like": 2, "single": 3, "wide": 4, "odd": 5, "big": 6}[name])
     if name == "random":
         # unsorted, duplicated entries; output column 5 (the last) is never hit
         M1, M2, O, nnz = 5, 3, 6, 24
-        m1 = rng.integers(0, M1, nnz)
-        m2 = rng.integers(0, M2, nnz)
-        mu = rng.integers(0, O - 1, nnz)
+        m1, m2, mu = rng.integers(0, M1, nnz), rng.integers(0, M2, nnz), rng.integers(0, O - 1, nnz)
         m1[-3:], m2[-3:], mu[-3:] = m1[0], m2[0], mu[0]
     elif name == "cg_like":
         # sizes and sparsity of a real CG rule l1=2, l2=1 -> L=2 (|m1 + m2| pattern), shuffled
@@ -85,52 +85,76 @@ def make_rule(name):
         # sizes of three power-of-two segments (7 = 4 + 2 + 1); X1's columns 4..6 and output column 6 unused
         M1, M2, O, nnz = 7, 7, 7, 40
         m1, m2, mu = rng.integers(0, 4, nnz), rng.integers(0, M2, nnz), rng.integers(0, O - 1, nnz)
-    else:
-        raise ValueError(name)
-    rule = prepare_rule(torch.as_tensor(m1), torch.as_tensor(m2), torch.as_tensor(mu), M1, M2, O)
-    return rule, m1, m2, mu, M1, M2, O
+    else:  # "big": the widths of l = 8, random indices, the last output column unused
+        M1, M2, O, nnz = 17, 17, 17, 361
+        m1, m2, mu = rng.integers(0, M1, nnz), rng.integers(0, M2, nnz), rng.integers(0, O - 1, nnz)
+    w = None if weight_size is None else rng.integers(0, weight_size, len(m1))
+    indices = [m1, m2, mu] if w is None else [m1, m2, w, mu]
+    return sa.Rule(m1, m2, mu, O, input_sizes=(M1, M2), w=w, weight_size=weight_size), indices
 
 
-def reference(X1, X2, C, m1, m2, mu, O):
-    X1, X2, C = (t.detach().cpu().double().numpy() for t in (X1, X2, C))
-    m1, m2, mu = (np.asarray(a) for a in (m1, m2, mu))
-    out = np.zeros((X1.shape[0], O))
-    for k in range(len(C)):
-        out[:, mu[k]] += X1[:, m1[k]] * X2[:, m2[k]] * C[k]
+def reference(operands, indices, C, O):
+    """``out[a, b, mu[k]] += prod_i operands_i[a, b, indices_i[k]] * C[k]`` in float64, with broadcasting."""
+    arrays = [t.detach().cpu().double().numpy() for t in operands]
+    shape = np.broadcast_shapes(*(a.shape[:2] for a in arrays))
+    arrays = [np.broadcast_to(a, shape + a.shape[2:]) for a in arrays]
+    c = C.detach().cpu().double().numpy()
+    out = np.zeros(shape + (O,))
+    for k in range(len(c)):
+        term = c[k]
+        for a, index in zip(arrays, indices[:len(arrays)]):
+            term = term * a[:, :, index[k]]
+        out[:, :, indices[len(arrays)][k]] += term
     return out
 
 
-def reference_dC(G, X1, X2, m1, m2, mu):
-    G, X1, X2 = (t.detach().cpu().double().numpy() for t in (G, X1, X2))
-    return np.array([np.sum(G[:, mu[k]] * X1[:, m1[k]] * X2[:, m2[k]]) for k in range(len(m1))])
+def reference_gradient(G, operands, indices, C, j):
+    """The gradient of operand ``j``: the rule with slot ``j`` and the output swapped, summed to its shape."""
+    swapped = [G if i == j else t for i, t in enumerate(operands)]
+    order = [len(operands) if i == j else i for i in range(len(operands))] + [j]
+    full = reference(swapped, [indices[i] for i in order], C, operands[j].shape[2])
+    axes = tuple(d for d in (0, 1) if operands[j].shape[d] == 1 and full.shape[d] != 1)
+    return full.sum(axes, keepdims=True) if axes else full
 
 
-def inputs(R, M1, M2, nnz, dtype, transposed=False, device=DEVICE, seed=None):
-    """Fresh random inputs (a fixed ``seed`` only where a test compares two draws)."""
-    g = torch.Generator()
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(seed)
-    if transposed:  # [R, M] views of contiguous [M, R] tensors
-        X1 = torch.randn(M1, R, generator=g).to(dtype).to(device).T
-        X2 = torch.randn(M2, R, generator=g).to(dtype).to(device).T
-    else:
-        X1 = torch.randn(R, M1, generator=g).to(dtype).to(device)
-        X2 = torch.randn(R, M2, generator=g).to(dtype).to(device)
-    C = torch.randn(nnz, generator=g).to(dtype).to(device)
-    return X1, X2, C
+def reference_dC(G, operands, indices):
+    arrays = [t.detach().cpu().double().numpy() for t in [G] + list(operands)]
+    shape = np.broadcast_shapes(*(a.shape[:2] for a in arrays))
+    arrays = [np.broadcast_to(a, shape + a.shape[2:]) for a in arrays]
+    order = [indices[len(operands)]] + list(indices[:len(operands)])
+    return np.array([np.sum(np.prod([a[:, :, index[k]] for a, index in zip(arrays, order)], axis=0))
+                     for k in range(len(indices[0]))])
+
+
+def randn(*shape, dtype=torch.float64, generator=None):
+    return torch.randn(*shape, generator=generator).to(dtype).to(DEVICE)
+
+
+def operands_for(rule, shapes, dtype=torch.float64, transposed=False):
+    """Fresh random operands of the given leading shapes (``[A_i, B_i]``), and coefficients."""
+    sizes = list(rule.input_sizes) + ([rule.weight_size] if rule.weighted else [])
+    result = []
+    for (a, b), size in zip(shapes, sizes):
+        t = randn(size, b, a, dtype=dtype).permute(2, 1, 0) if transposed else randn(a, b, size, dtype=dtype)
+        result.append(t)
+    return result, randn(rule.nnz, dtype=dtype)
 
 
 def assert_close(actual, expected, dtype):
     actual = actual.detach().cpu().double().numpy()
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     np.testing.assert_allclose(actual, expected, rtol=TOLERANCES[dtype], atol=TOLERANCES[dtype] * scale)
 
 
 def poison_allocator(nbytes):
     """Best effort: leave NaNs in memory the next allocation may reuse."""
-    torch.full((nbytes // 4 + 16,), float("nan"), dtype=torch.float32)
+    torch.full((nbytes // 4 + 16,), float("nan"), dtype=torch.float32, device=DEVICE)
+
+
+def _call(rule, operands, C, **options):
+    X1, X2, *rest = operands
+    return triton_gpu.accumulate(X1, X2, rest[0] if rest else None, C, rule, **options)
 
 
 def test_is_available():
@@ -139,242 +163,265 @@ def test_is_available():
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide", "odd"])
-@pytest.mark.parametrize("R", [0, 1, 7, 33])
+@pytest.mark.parametrize("R", [0, 1, 33])
 def test_forward_float64(strategy, name, R):
-    rule, m1, m2, mu, M1, M2, O = make_rule(name)
-    X1, X2, C = inputs(R, M1, M2, rule.nnz, torch.float64)
-    poison_allocator(R * O * 8)
-    out = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    assert out.shape == (R, O) and out.dtype == torch.float64 and out.is_contiguous()
-    expected = reference(X1, X2, C, m1, m2, mu, O)
-    assert_close(out, expected, torch.float64)
-    unused = sorted(set(range(O)) - set(mu.tolist()))
+    rule, indices = make_rule(name)
+    operands, C = operands_for(rule, [(R, 1), (R, 1)])
+    poison_allocator(R * rule.output_size * 8)
+    out = _call(rule, operands, C, strategy=strategy)
+    assert out.shape == (R, 1, rule.output_size) and out.dtype == torch.float64 and out.is_contiguous()
+    assert_close(out, reference(operands, indices, C, rule.output_size), torch.float64)
+    unused = sorted(set(range(rule.output_size)) - set(indices[2].tolist()))
     if unused and R:
-        assert torch.equal(out[:, unused].cpu(), torch.zeros(R, len(unused), dtype=torch.float64))
+        assert torch.count_nonzero(out[:, :, unused]) == 0
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("name", ["random", "cg_like"])
-def test_forward_dtypes(strategy, dtype, name):
-    rule, m1, m2, mu, M1, M2, O = make_rule(name)
-    X1, X2, C = inputs(33, M1, M2, rule.nnz, dtype)
-    out = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    assert out.dtype == dtype and out.shape == (33, O)
+def test_forward_dtypes(strategy, dtype):
+    rule, indices = make_rule("cg_like")
+    operands, C = operands_for(rule, [(33, 1), (33, 1)], dtype)
+    out = _call(rule, operands, C, strategy=strategy)
+    assert out.dtype == dtype
     # the reference sees the rounded 16-bit inputs
-    assert_close(out, reference(X1, X2, C, m1, m2, mu, O), dtype)
+    assert_close(out, reference(operands, indices, C, rule.output_size), dtype)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_forward_transposed(strategy, dtype):
-    rule, m1, m2, mu, M1, M2, O = make_rule("random")
-    X1, X2, C = inputs(33, M1, M2, rule.nnz, dtype, transposed=True)
-    assert not X1.is_contiguous() and X1.stride(0) == 1
-    out = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    assert_close(out, reference(X1, X2, C, m1, m2, mu, O), dtype)
-    # mixed: X1 transposed, X2 a column slice of a wider tensor
-    wide = torch.randn(33, M2 + 4, dtype=dtype, device=DEVICE)[:, 2:2 + M2]
-    out = triton_gpu.accumulate(X1, wide, C, rule, O, strategy=strategy)
-    assert_close(out, reference(X1, wide, C, m1, m2, mu, O), dtype)
+# leading shapes of (X1, X2[, W]) against a broadcast (A, B) = (5, 7)
+BROADCASTS = [[(35, 1), (35, 1), (35, 1)], [(5, 7), (5, 1), (5, 7)], [(5, 7), (1, 7), (5, 1)],
+              [(5, 7), (1, 1), (1, 7)], [(1, 7), (5, 7), (1, 1)]]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_forward_int64_offsets(strategy, monkeypatch):
-    """The int64 offset path, forced on small tensors."""
+@pytest.mark.parametrize("strategy", ["auto", "columns", "tile"])
+@pytest.mark.parametrize("shapes", BROADCASTS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_broadcast_operands_forward_gradients_and_dC(strategy, shapes, weighted):
+    """Operands that broadcast are read in place; their gradients are summed over what they broadcast."""
+    rule, indices = make_rule("random", weight_size=4 if weighted else None)
+    operands, C = operands_for(rule, shapes[:3 if weighted else 2], transposed=True)
+    out = _call(rule, operands, C, strategy=strategy)
+    assert_close(out, reference(operands, indices, C, rule.output_size), torch.float64)
+    G = randn(*out.shape)
+    W = operands[2] if weighted else None
+    grads = triton_gpu.accumulate_backward(G, operands[0], operands[1], W, C, rule, True, True, weighted, True)
+    for j, operand in enumerate(operands):
+        assert_close(grads[j], reference_gradient(G, operands, indices, C, j), torch.float64)
+    assert_close(grads[3], reference_dC(G, operands, indices), torch.float64)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gradients_one_at_a_time_and_unfused(weighted, monkeypatch):
+    """Single gradients, and every gradient when the rule is too wide for the fused kernel, come from the
+    forward kernel of the swapped rule."""
+    rule, indices = make_rule("odd", weight_size=3 if weighted else None)
+    operands, C = operands_for(rule, [(4, 5), (4, 1), (1, 5)][:3 if weighted else 2])
+    G = randn(4, 5, rule.output_size)
+    slots = len(operands)
+    for fused_width in (17, 0):
+        monkeypatch.setattr(triton_gpu.configs, "FUSED_GRADIENTS_MAX_WIDTH", fused_width)
+        for j in range(slots):
+            wanted = [i == j for i in range(3)]
+            W = operands[2] if weighted else None
+            grads = triton_gpu.accumulate_backward(G, operands[0], operands[1], W, C, rule, *wanted, False)
+            assert grads[3] is None and all(g is None for i, g in enumerate(grads[:3]) if i != j)
+            assert_close(grads[j], reference_gradient(G, operands, indices, C, j), torch.float64)
+
+
+@pytest.mark.parametrize("strategy", ["auto", "pieces"])
+def test_int64_offsets(strategy, monkeypatch):
+    """The 64-bit offset path, forced on small tensors, with and without an inner dimension."""
     monkeypatch.setattr(triton_gpu, "_INT32_LIMIT", 1)
-    rule, m1, m2, mu, M1, M2, O = make_rule("random")
-    X1, X2, C = inputs(33, M1, M2, rule.nnz, torch.float64, transposed=True)
-    assert triton_gpu._needs_int64(X1)
-    out = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    assert_close(out, reference(X1, X2, C, m1, m2, mu, O), torch.float64)
-    G = torch.randn(33, O, dtype=torch.float64, device=DEVICE)
-    dC = triton_gpu.accumulate_dC(G, X1, X2, rule, strategy=strategy)
-    assert_close(dC, reference_dC(G, X1, X2, m1, m2, mu), torch.float64)
+    rule, indices = make_rule("random")
+    for shapes in ([(33, 1), (33, 1)], [(3, 11), (3, 1)]):
+        operands, C = operands_for(rule, shapes, transposed=True)
+        out = _call(rule, operands, C, strategy=strategy)
+        assert_close(out, reference(operands, indices, C, rule.output_size), torch.float64)
+        G = randn(*out.shape)
+        dC = triton_gpu.accumulate_dC(G, operands[0], operands[1], None, rule, strategy=strategy)
+        assert_close(dC, reference_dC(G, operands, indices), torch.float64)
 
 
 @pytest.mark.parametrize("strategy", LOAD_STRATEGIES)
 @pytest.mark.parametrize("name", ["random", "cg_like", "single", "wide", "odd"])
-@pytest.mark.parametrize("R", [0, 1, 33, 70])
+@pytest.mark.parametrize("R", [0, 1, 70])
 def test_dC_float64(strategy, name, R):
-    rule, m1, m2, mu, M1, M2, O = make_rule(name)
-    X1, X2, _ = inputs(R, M1, M2, rule.nnz, torch.float64)
-    G = torch.randn(R, O, dtype=torch.float64, device=DEVICE)
-    dC = triton_gpu.accumulate_dC(G, X1, X2, rule, strategy=strategy)
+    rule, indices = make_rule(name)
+    operands, _ = operands_for(rule, [(R, 1), (R, 1)])
+    G = randn(R, 1, rule.output_size)
+    dC = triton_gpu.accumulate_dC(G, operands[0], operands[1], None, rule, strategy=strategy)
     assert dC.shape == (rule.nnz,) and dC.dtype == torch.float64
-    assert_close(dC, reference_dC(G, X1, X2, m1, m2, mu), torch.float64)
+    assert_close(dC, reference_dC(G, operands, indices), torch.float64)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_dC_dtypes_transposed(dtype):
-    rule, m1, m2, mu, M1, M2, O = make_rule("cg_like")
-    X1, X2, _ = inputs(70, M1, M2, rule.nnz, dtype, transposed=True)
-    G = torch.randn(O, 70).to(dtype).to(DEVICE).T
-    dC = triton_gpu.accumulate_dC(G, X1, X2, rule)
+    rule, indices = make_rule("cg_like")
+    operands, _ = operands_for(rule, [(70, 1), (70, 1)], dtype, transposed=True)
+    G = randn(rule.output_size, 1, 70, dtype=dtype).permute(2, 1, 0)
+    dC = triton_gpu.accumulate_dC(G, operands[0], operands[1], None, rule)
     assert dC.dtype == dtype
-    expected = reference_dC(G, X1, X2, m1, m2, mu)
     # a sum over 70 rows: compare to the scale of the summed magnitudes
-    scale = reference_dC(G.abs(), X1.abs(), X2.abs(), m1, m2, mu).max()
+    scale = reference_dC(G.abs(), [t.abs() for t in operands], indices).max()
     tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}[dtype]
-    np.testing.assert_allclose(dC.double().cpu().numpy(), expected, rtol=0, atol=tol * scale)
-
-
-def test_swapped_rules_give_gradients():
-    """Kernels on ``rule.swapped(...)`` compute dX1 and dX2 (what the autograd layer relies on)."""
-    rule, m1, m2, mu, M1, M2, O = make_rule("random")
-    X1, X2, C = inputs(7, M1, M2, rule.nnz, torch.float64)
-    X1.requires_grad_(True)
-    X2.requires_grad_(True)
-    C.requires_grad_(True)
-    index = [torch.as_tensor(a, device=DEVICE) for a in (m1, m2, mu)]
-    out = torch.zeros(7, O, dtype=torch.float64, device=DEVICE).index_add(
-        1, index[2], X1[:, index[0]] * X2[:, index[1]] * C)
-    G = torch.randn(7, O, dtype=torch.float64, device=DEVICE)
-    dX1, dX2, dC = torch.autograd.grad(out, (X1, X2, C), G)
-    got1 = triton_gpu.accumulate(G, X2.detach(), C.detach(), rule.swapped("X1"), M1)
-    got2 = triton_gpu.accumulate(X1.detach(), G, C.detach(), rule.swapped("X2"), M2)
-    got_c = triton_gpu.accumulate_dC(G, X1.detach(), X2.detach(), rule)
-    for got, want in ((got1, dX1), (got2, dX2), (got_c, dC)):
-        assert_close(got, want.cpu().numpy(), torch.float64)
+    np.testing.assert_allclose(dC.double().cpu().numpy(), reference_dC(G, operands, indices), rtol=0,
+                               atol=tol * scale)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_deterministic(strategy):
-    rule, m1, m2, mu, M1, M2, O = make_rule("cg_like")
-    X1, X2, C = inputs(70, M1, M2, rule.nnz, torch.float32)
-    G = torch.randn(70, O, device=DEVICE)
-    first = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    second = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    assert torch.equal(first, second)
-    first = triton_gpu.accumulate_dC(G, X1, X2, rule, strategy=strategy)
-    second = triton_gpu.accumulate_dC(G, X1, X2, rule, strategy=strategy)
-    assert torch.equal(first, second)
+    rule, indices = make_rule("cg_like")
+    operands, C = operands_for(rule, [(10, 7), (10, 1)], torch.float32)
+    G = randn(10, 7, rule.output_size, dtype=torch.float32)
+    for _ in range(2):
+        first = _call(rule, operands, C, strategy=strategy)
+        second = _call(rule, operands, C, strategy=strategy)
+        assert torch.equal(first, second)
+        first = triton_gpu.accumulate_backward(G, *operands, None, C, rule)
+        second = triton_gpu.accumulate_backward(G, *operands, None, C, rule)
+        assert all(torch.equal(a, b) for a, b in zip(first, second) if a is not None)
 
 
 @pytest.mark.parametrize("kind", ["fwd", "grad"])
 def test_auto_kernel_both_store_branches(kind):
     """The "auto" kernel holds both store strategies behind the STORE_TILE constexpr that autotuning sets
     (one configuration runs here): each branch writes every element right."""
-    rule, m1, m2, mu, M1, M2, O = make_rule("random")  # widths 5, 3, 6: tile and pieces stores differ
+    rule, indices = make_rule("random")  # widths 5, 3, 6: tile and pieces stores differ
     R = 37
-    X1, X2, C = inputs(R, M1, M2, rule.nnz, torch.float32)
-    G = torch.randn(R, O, device=DEVICE)
-    kernel = triton_gpu._row_kernel(kind, rule, "auto", "tl.float32")
+    (X1, X2), C = operands_for(rule, [(R, 1), (R, 1)], torch.float32)
+    G = randn(R, 1, rule.output_size, dtype=torch.float32)
+    operands = [X1, X2] if kind == "fwd" else [G, X1, X2]
+    layout, strides = triton_gpu._layout(operands, R, 1, [rule.output_size])
+    kernel = triton_gpu._row_kernel(kind, rule, layout, "auto", "tl.float32", () if kind == "fwd" else (0, 1))
+    ints = triton_gpu._int_args(layout, strides, R, 1)
     grid = (triton.cdiv(R, 32),)
     for flag in (0, 1):
         if kind == "fwd":
-            out = torch.full((R, O), float("nan"), device=DEVICE)
-            kernel.fn[grid](X1, X2, C, out, R, *X1.stride(), *X2.stride(), R.bit_length(), 3, BLOCK_R=32,
-                            IDX64=False, STORE_TILE=flag, num_warps=1)
-            assert_close(out, reference(X1, X2, C, m1, m2, mu, O), torch.float32)
+            out = torch.full((R, 1, rule.output_size), float("nan"), device=DEVICE)
+            kernel.fn[grid](X1, X2, C, out, *ints, BLOCK_R=32, STORE_TILE=flag, num_warps=1)
+            assert_close(out, reference([X1, X2], indices, C, rule.output_size), torch.float32)
         else:
-            d1 = torch.full((R, M1), float("nan"), device=DEVICE)
-            d2 = torch.full((R, M2), float("nan"), device=DEVICE)
-            kernel.fn[grid](G, X1, X2, C, d1, d2, R, *G.stride(), *X1.stride(), *X2.stride(), R.bit_length(), 7,
-                            BLOCK_R=32, IDX64=False, STORE_TILE=flag, num_warps=1)
-            assert_close(d1, reference(G, X2, C, mu, m2, m1, M1), torch.float32)
-            assert_close(d2, reference(X1, G, C, m1, mu, m2, M2), torch.float32)
+            d1 = torch.full(X1.shape, float("nan"), device=DEVICE)
+            d2 = torch.full(X2.shape, float("nan"), device=DEVICE)
+            kernel.fn[grid](G, X1, X2, C, d1, d2, *ints, BLOCK_R=32, STORE_TILE=flag, num_warps=1)
+            assert_close(d1, reference_gradient(G, [X1, X2], indices, C, 0), torch.float32)
+            assert_close(d2, reference_gradient(G, [X1, X2], indices, C, 1), torch.float32)
 
 
 def test_empty_rule_and_strategy_check():
-    rule = prepare_rule(torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64),
-                        torch.zeros(0, dtype=torch.int64), 3, 3, 4)
-    X1, X2, C = inputs(5, 3, 3, 0, torch.float32)
-    assert torch.equal(triton_gpu.accumulate(X1, X2, C, rule, 4).cpu(), torch.zeros(5, 4))
-    assert triton_gpu.accumulate_dC(torch.randn(5, 4, device=DEVICE), X1, X2, rule).shape == (0,)
-    with pytest.raises(ValueError):
-        triton_gpu.accumulate(X1, X2, C, rule, 4, strategy="nope")
+    rule = sa.Rule([], [], [], 4, input_sizes=(3, 3))
+    (X1, X2), C = operands_for(rule, [(5, 1), (5, 1)], torch.float32)
+    assert torch.equal(triton_gpu.accumulate(X1, X2, None, C, rule).cpu(), torch.zeros(5, 1, 4))
+    assert triton_gpu.accumulate_dC(randn(5, 1, 4), X1, X2, None, rule).shape == (0,)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        triton_gpu.accumulate(X1, X2, None, C, rule, strategy="nope")
 
 
 def test_generated_source_is_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSE_ACCUMULATION_TRITON_CACHE", str(tmp_path))
     source = "import triton\n\ndef f():\n    return 42\n"
-    fn = triton_gpu._load_function(source, "f")
+    fn = build.load_function(source, "f")
     assert fn() == 42
     files = [p for p in os.listdir(tmp_path) if p.endswith(".py")]
     assert len(files) == 1 and open(tmp_path / files[0]).read() == source
 
 
+def test_public_api_gradients_on_triton():
+    """sa.accumulate(implementation="triton") and a weighted rule with broadcasting: first and second
+    derivatives match the float64 references."""
+    rule, indices = make_rule("random")
+    index = [torch.as_tensor(a, device=DEVICE) for a in indices]
+    X1 = randn(6, rule.input_sizes[0]).requires_grad_()
+    X2 = randn(6, rule.input_sizes[1]).requires_grad_()
+    C = randn(rule.nnz).requires_grad_()
+
+    def f(a, b, c):
+        return sa.accumulate(a, b, index[2], rule.output_size, index[0], index[1], c, implementation="triton")
+
+    assert torch.autograd.gradcheck(f, (X1, X2, C))
+    weighted, windices = make_rule("cg_like", weight_size=3)
+    w = torch.as_tensor(windices[2], device=DEVICE)
+    Y1 = randn(2, 3, weighted.input_sizes[0]).requires_grad_()
+    Y2 = randn(2, 1, weighted.input_sizes[1]).requires_grad_()
+    W = randn(3, 3).requires_grad_()
+    C2 = randn(weighted.nnz).requires_grad_()
+
+    def second(function):
+        y = function(Y1, Y2, W, C2).pow(2).sum()
+        grads = torch.autograd.grad(y, (Y1, Y2, W), create_graph=True)
+        return torch.autograd.grad(grads[0].pow(2).sum() + (grads[1] * Y2).sum() + grads[2].sum(), (Y1, Y2, W, C2))
+
+    ours = second(lambda a, b, v, c: sa.accumulate_rule(a, b, weighted, c, v, implementation="triton"))
+    expected = second(lambda a, b, v, c: sa.reference.index_add(
+        a, b, torch.as_tensor(windices[3], device=DEVICE), weighted.output_size,
+        torch.as_tensor(windices[0], device=DEVICE), torch.as_tensor(windices[1], device=DEVICE), c, W=v, w=w))
+    for got, want in zip(ours, expected):
+        assert_close(got, want.detach().cpu().numpy(), torch.float64)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # GPU (compiled kernels), skipped without CUDA
 
-cuda = pytest.mark.skipif(INTERPRET, reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
-
-
-def _big_rule(seed=0, sizes=(17, 17, 17), nnz=361):
-    rng = np.random.default_rng(seed)
-    M1, M2, O = sizes
-    m1, m2 = rng.integers(0, M1, nnz), rng.integers(0, M2, nnz)
-    mu = rng.integers(0, O - 1, nnz)  # last output column unused
-    rule = prepare_rule(torch.as_tensor(m1), torch.as_tensor(m2), torch.as_tensor(mu), M1, M2, O)
-    return rule, m1, m2, mu, M1, M2, O
-
 
 @cuda
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.cuda
+@pytest.mark.parametrize("strategy", ["auto", "tile", "columns"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_gpu_forward(strategy, dtype, transposed):
-    rule, m1, m2, mu, M1, M2, O = _big_rule()
-    X1, X2, C = inputs(5003, M1, M2, rule.nnz, dtype, transposed=transposed, device="cuda")
-    out = triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy)
-    assert out.is_cuda and out.dtype == dtype and out.shape == (5003, O)
-    expected = reference(X1, X2, C, m1, m2, mu, O)
+def test_gpu_forward_and_gradients(strategy, dtype, transposed):
+    rule, indices = make_rule("big")
+    operands, C = operands_for(rule, [(5003, 1), (5003, 1)], dtype, transposed=transposed)
+    out = _call(rule, operands, C, strategy=strategy)
+    assert out.is_cuda and out.dtype == dtype
     tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
-    scale = np.abs(expected).max()
-    np.testing.assert_allclose(out.double().cpu().numpy(), expected, rtol=tol, atol=tol * scale)
-    assert torch.count_nonzero(out[:, O - 1]) == 0
-    assert torch.equal(out, triton_gpu.accumulate(X1, X2, C, rule, O, strategy=strategy))
+    expected = reference(operands, indices, C, rule.output_size)
+    np.testing.assert_allclose(out.double().cpu().numpy(), expected, rtol=tol, atol=tol * np.abs(expected).max())
+    assert torch.count_nonzero(out[:, :, -1]) == 0
+    assert torch.equal(out, _call(rule, operands, C, strategy=strategy))
+    G = randn(*out.shape, dtype=dtype)
+    grads = triton_gpu.accumulate_backward(G, *operands, None, C, rule, True, True, False, False)
+    for j in range(2):
+        want = reference_gradient(G, operands, indices, C, j)
+        np.testing.assert_allclose(grads[j].double().cpu().numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
 
 
 @cuda
-@pytest.mark.parametrize("strategy", LOAD_STRATEGIES)
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_gpu_dC(strategy, dtype):
-    rule, m1, m2, mu, M1, M2, O = _big_rule()
-    X1, X2, _ = inputs(20011, M1, M2, rule.nnz, dtype, device="cuda")
-    G = torch.randn(20011, O, dtype=dtype, device="cuda")
-    dC = triton_gpu.accumulate_dC(G, X1, X2, rule, strategy=strategy)
-    expected = reference_dC(G, X1, X2, m1, m2, mu)
-    scale = reference_dC(G.abs(), X1.abs(), X2.abs(), m1, m2, mu).max()
+def test_gpu_dC(dtype):
+    rule, indices = make_rule("big")
+    operands, _ = operands_for(rule, [(20011, 1), (20011, 1)], dtype)
+    G = randn(20011, 1, rule.output_size, dtype=dtype)
+    dC = triton_gpu.accumulate_dC(G, *operands, None, rule)
+    scale = reference_dC(G.abs(), [t.abs() for t in operands], indices).max()
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    np.testing.assert_allclose(dC.double().cpu().numpy(), expected, rtol=0, atol=tol * scale)
-    assert torch.equal(dC, triton_gpu.accumulate_dC(G, X1, X2, rule, strategy=strategy))
+    np.testing.assert_allclose(dC.double().cpu().numpy(), reference_dC(G, operands, indices), rtol=0,
+                               atol=tol * scale)
+    assert torch.equal(dC, triton_gpu.accumulate_dC(G, *operands, None, rule))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("name", ["random", "cg_like", "odd"])
-def test_fused_input_gradients(strategy, name):
-    """One kernel computes dX1 and dX2 (columns no nonzero reaches are zero) as the swapped-rule forwards do."""
-    rule, m1, m2, mu, M1, M2, O = make_rule(name)
-    X1, X2, C = inputs(33, M1, M2, rule.nnz, torch.float32)
-    G = torch.randn(33, O, device=DEVICE)
-    d1, d2 = triton_gpu.accumulate_input_gradients(G, X1.T.contiguous().T, X2, C, rule, strategy=strategy)
-    expected1 = reference(G, X2, C, mu, m2, m1, M1)
-    expected2 = reference(X1, G, C, m1, mu, m2, M2)
-    assert_close(d1, expected1, torch.float32)
-    assert_close(d2, expected2, torch.float32)
-
-
-def test_public_api_gradients_on_triton():
-    """sa.accumulate(implementation="triton"): first and second derivatives match the reference."""
-    rule, m1, m2, mu, M1, M2, O = make_rule("random")
-    index = [torch.as_tensor(a, device=DEVICE) for a in (m1, m2, mu)]
-    X1, X2, C = inputs(6, M1, M2, rule.nnz, torch.float64)
-    X1.requires_grad_(True)
-    X2.requires_grad_(True)
-    C.requires_grad_(True)
-
-    def f(a, b, c):
-        return sa.accumulate(a, b, index[2], O, index[0], index[1], c, implementation="triton")
-
-    assert torch.autograd.gradcheck(f, (X1, X2, C))
-
-    def second(function):
-        y = function(X1, X2, index[2], O, index[0], index[1], C).pow(2).sum()
-        g1, g2 = torch.autograd.grad(y, (X1, X2), create_graph=True)
-        return torch.autograd.grad(g1.pow(2).sum() + (g2 * X2).sum(), (X1, X2, C))
-
-    ours = second(lambda *args: sa.accumulate(*args, implementation="triton"))
-    for got, want in zip(ours, second(sa.reference.index_add)):
-        assert_close(got, want.detach().cpu().numpy(), torch.float64)
+@cuda
+@pytest.mark.cuda
+def test_gpu_fast_launch_equals_public_launch(monkeypatch):
+    """The direct launch of the compiled kernel gives bitwise the results of Triton's own launcher, for new
+    row counts in the same tuning bucket and for misaligned views, and takes the fast path from the second
+    call on."""
+    rule, indices = make_rule("big", weight_size=5)
+    results = {}
+    for fast in (False, True):
+        monkeypatch.setattr(launch, "FAST_LAUNCH", fast)
+        g = torch.Generator().manual_seed(0)
+        runs = []
+        for rows in (3001, 3001, 3500, 3999):
+            X1 = randn(rows, 2, rule.input_sizes[0], generator=g, dtype=torch.float32)
+            X2 = randn(rows, 1, rule.input_sizes[1] + 1, generator=g, dtype=torch.float32)[:, :, 1:]  # misaligned
+            W = randn(rows, 2, 5, generator=g, dtype=torch.float32)
+            C = randn(rule.nnz, generator=g, dtype=torch.float32)
+            G = randn(rows, 2, rule.output_size, generator=g, dtype=torch.float32)
+            runs.append((triton_gpu.accumulate(X1, X2, W, C, rule),)
+                        + triton_gpu.accumulate_backward(G, X1, X2, W, C, rule, True, True, True, True))
+        results[fast] = runs
+        if fast:
+            assert launch._plans, "no fast launch plan was made"
+    for slow_run, fast_run in zip(results[False], results[True]):
+        for a, b in zip(slow_run, fast_run):
+            assert torch.equal(a, b)

@@ -24,14 +24,40 @@ def _operands(generator, permuted, requires_grad, rows=6, M1=4, M2=3, O=5):
 @pytest.mark.parametrize("implementation", KERNELS)
 @pytest.mark.parametrize("permuted", [False, True])
 @pytest.mark.parametrize("requires_grad", [False, True])
-def test_opcheck(generator, implementation, permuted, requires_grad):
+def test_opcheck_indexed_ops(generator, implementation, permuted, requires_grad):
     X1, X2, C, m1, m2, mu, O = _operands(generator, permuted, requires_grad)
-    torch.library.opcheck(torch.ops.sparse_accumulation.accumulate.default,
+    X1, X2 = X1.unsqueeze(1), X2.unsqueeze(1)
+    torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_indexed.default,
                           (X1, X2, C, m1, m2, mu, O, implementation))
-    G = torch.randn(X1.shape[0], O, generator=generator, dtype=torch.float64).requires_grad_(requires_grad)
+    G = torch.randn(X1.shape[0], 1, O, generator=generator, dtype=torch.float64).requires_grad_(requires_grad)
     for wanted in ((True, True, True), (True, False, False), (False, True, True), (False, False, True)):
-        torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_backward.default,
+        torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_indexed_backward.default,
                               (G, X1, X2, C, m1, m2, mu, implementation, *wanted))
+
+
+@pytest.mark.parametrize("implementation", ["auto", "torch"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck_rule_ops(generator, implementation, weighted, requires_grad):
+    """The rule ops on broadcast 3-D operands: X1 [A, B, M1], X2 [A, 1, M2] and W [1, B, Mw]."""
+    if weighted and implementation == "auto":
+        pytest.skip("the numba kernels take no weights yet")
+    A, B, M1, M2, Mw, O, nnz = 3, 4, 4, 3, 2, 5, 15
+    m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=nnz)
+    w = torch.randint(0, Mw, (nnz,), generator=generator) if weighted else None
+    rule = sa.Rule(m1, m2, mu, O, input_sizes=(M1, M2), w=w, weight_size=Mw if weighted else None)
+    X1 = torch.randn(A, B, M1, generator=generator, dtype=torch.float64)
+    X2 = torch.randn(A, 1, M2, generator=generator, dtype=torch.float64)
+    W = torch.randn(1, B, Mw, generator=generator, dtype=torch.float64) if weighted else None
+    for t in (X1, X2, C, W):
+        if t is not None:
+            t.requires_grad_(requires_grad)
+    torch.library.opcheck(torch.ops.sparse_accumulation.accumulate.default, (X1, X2, W, C, rule.key, implementation))
+    G = torch.randn(A, B, O, generator=generator, dtype=torch.float64).requires_grad_(requires_grad)
+    for wanted in ((True, True, True, True), (True, False, False, False), (False, True, weighted, True),
+                   (False, False, False, True)):
+        torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_backward.default,
+                              (G, X1, X2, W, C, rule.key, implementation, *wanted))
 
 
 @pytest.mark.parametrize("implementation", KERNELS)

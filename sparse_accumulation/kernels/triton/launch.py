@@ -1,0 +1,125 @@
+"""Launching the generated kernels: traced for ``torch.compile``, through Triton's launcher, or fast.
+
+* traced: inside the registered ops while ``torch.compile`` / ``torch.export`` trace them, the launch goes
+  through ``torch.library.wrap_triton`` so the compiler sees the kernel;
+* public: ``kernel[grid](*args)``, Triton's launcher, which analyses every argument and consults the
+  autotuner on every call (about 13 to 20 us of host time per launch, measured on an H200 host);
+* fast (eager calls on CUDA): once per kernel, tuning key, device and pointer alignment, the public launch
+  runs and the compiled kernel and the configuration it used are kept; later calls hand the arguments to the
+  compiled kernel's launcher directly (about 5 us). The kernels' integer arguments are not specialised (see
+  :mod:`.build`), so only pointer alignment and 32-bit range decide which compiled kernel applies.
+
+The fast launch uses Triton internals (``CompiledKernel.run``, ``function``, ``packed_metadata``,
+``Autotuner.best_config``, ``triton.knobs``); they are touched only here. Where one is missing, where a
+launch hook is installed (profilers), under the interpreter, or with
+``SPARSE_ACCUMULATION_TRITON_FAST_LAUNCH=0``, the public launch is used.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+from .build import interpreting
+
+try:  # launch hooks (profilers) live in triton.knobs from Triton 3.4 on
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older Triton: no fast launch
+    _knobs = None
+
+FAST_LAUNCH = os.environ.get("SPARSE_ACCUMULATION_TRITON_FAST_LAUNCH", "1") != "0"
+
+_INT32 = 2**31
+_plans = {}
+_unsupported = set()
+_lock = threading.Lock()
+
+
+class _Plan:
+    """What a fast launch needs: the compiled kernel's launcher, its handles and the constexpr values."""
+
+    __slots__ = ("launcher", "function", "metadata", "constexprs", "meta")
+
+    def __init__(self, compiled, constexprs, meta):
+        self.launcher = compiled.run
+        self.function = compiled.function
+        self.metadata = compiled.packed_metadata
+        self.constexprs = constexprs
+        self.meta = meta
+
+
+def _hooks_active() -> bool:
+    if _knobs is None:
+        return True
+    for hook in (_knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
+
+
+def _run_public(kernel, grid, args, kwargs, device):
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            return kernel.run(*args, grid=grid, warmup=False, **kwargs)
+    return kernel.run(*args, grid=grid, warmup=False, **kwargs)
+
+
+def _make_plan(kernel, grid, args, kwargs, device):
+    """Launch through Triton once and keep what a direct launch of the same compiled kernel needs."""
+    compiled = _run_public(kernel, grid, args, kwargs, device)
+    config = getattr(kernel, "best_config", None)
+    meta = dict(kwargs)
+    if config is not None:
+        meta.update(config.kwargs)
+    names = getattr(kernel, "arg_names", None)
+    if names is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        return None
+    constexprs = tuple(meta[name] for name in names[len(args):])
+    return _Plan(compiled, constexprs, meta)
+
+
+def launch(kernel, grid, args, kwargs=None, *, device, traceable=False, tuning=None) -> None:
+    """Launch ``kernel`` (a jitted or autotuned generated kernel) on ``grid``.
+
+    Args:
+        kernel: the kernel; its constexpr parameters come last, after ``args``.
+        grid: ``grid(meta) -> (x, y, z)`` from the constexpr values.
+        args: the non-constexpr arguments, in order.
+        kwargs: constexpr values not chosen by autotuning.
+        device: the device of the tensors.
+        traceable: launch through ``torch.library.wrap_triton`` (inside a ``triton_op`` being traced).
+        tuning: the value of the autotuning key (part of the fast launch's key).
+    """
+    kwargs = kwargs or {}
+    if traceable:
+        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+        return
+    if not FAST_LAUNCH or device.type != "cuda" or interpreting() or id(kernel) in _unsupported:
+        _run_public(kernel, grid, args, kwargs, device)
+        return
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    aligned = 0
+    fits = True
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            aligned = (aligned << 1) | (a.data_ptr() & 15 == 0)
+        elif not -_INT32 <= a < _INT32:
+            fits = False
+    if not fits or index != torch.cuda.current_device() or _hooks_active():
+        _run_public(kernel, grid, args, kwargs, device)
+        return
+    key = (id(kernel), index, tuning, aligned)
+    plan = _plans.get(key)
+    if plan is None:
+        with _lock:
+            plan = _make_plan(kernel, grid, args, kwargs, device)
+            if plan is None:
+                _unsupported.add(id(kernel))
+            else:
+                _plans[key] = plan
+        return
+    x, *rest = grid(plan.meta)
+    plan.launcher(x, rest[0] if rest else 1, rest[1] if len(rest) > 1 else 1,
+                  torch._C._cuda_getCurrentRawStream(index), plan.function, plan.metadata, None, None, None,
+                  *args, *plan.constexprs)
