@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from . import backends, eager, layout, ops
+from . import backends, eager, ops
 from .kernels import reference
 from .rules import Rule, check_index_tensor, prepare_rule
 
 _FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-_NAMES = ("X1", "X2", "W")
 
 
 def _check_data(named) -> None:
@@ -130,12 +129,8 @@ def _run(X1, X2, W, C, rule, implementation):
         return _reference(name, X1, X2, W, C, rule).contiguous()
     if eager.applies(X1, X2, W, C):
         return eager.accumulate(X1, X2, W, C, rule, _kernels(name))
-    operands = (X1, X2) if W is None else (X1, X2, W)
-    views, lead = layout.as_rows(operands, _NAMES)
     # the op resolves the requested name where it runs: an exported graph then holds "auto", not a kernel
-    out = ops.accumulate(views[0], views[1], None if W is None else views[2], C, rule.key,
-                         _requested(implementation))
-    return out.reshape(*lead, rule.output_size)
+    return ops.accumulate(X1, X2, W, C, rule.key, _requested(implementation))
 
 
 def _requested(implementation) -> str:
@@ -166,9 +161,7 @@ def _accumulate_indexed(X1, X2, mu, output_size, m1, m2, C, implementation):
     if name in backends.REFERENCES or eager.applies(X1, X2, C, m1, m2, mu):
         rule = prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
         return _run(X1, X2, None, C, rule, name)
-    views, lead = layout.as_rows((X1, X2), _NAMES)
-    out = ops.accumulate_indexed(views[0], views[1], C, m1, m2, mu, output_size, _requested(implementation))
-    return out.reshape(*lead, output_size)
+    return ops.accumulate_indexed(X1, X2, C, m1, m2, mu, output_size, _requested(implementation))
 
 
 def accumulate(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):

@@ -8,12 +8,10 @@ kernels. Under ``torch.compile``, tensor subclasses, dispatch modes or ``torch.f
 (:func:`applies` is False) the registered ops are used, since only they have fake implementations and
 dispatcher registrations.
 
-Operands are the caller's ``[..., M]`` tensors, whose leading dimensions broadcast; the 3-D views the kernels
-take (:mod:`.layout`) are made inside, so autograd records one node per call.
+Operands are the caller's ``[..., M]`` tensors, whose leading dimensions broadcast (:mod:`.layout`); the call
+records one autograd node.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -38,65 +36,55 @@ def accumulate(X1, X2, W, C, rule, kernels):
     if torch.is_grad_enabled() and (X1.requires_grad or X2.requires_grad or C.requires_grad
                                     or (W is not None and W.requires_grad)):
         return _Accumulate.apply(X1, X2, W, C, rule, kernels)
-    return _forward(X1, X2, W, C, rule, kernels)
+    operands, rows = layout.plan((X1, X2) if W is None else (X1, X2, W), _NAMES)
+    return kernels.accumulate(operands[0], operands[1], operands[2] if W is not None else None, C, rule, rows)
 
 
-def _operands(X1, X2, W):
-    return (X1, X2) if W is None else (X1, X2, W)
-
-
-def _forward(X1, X2, W, C, rule, kernels):
-    operands = _operands(X1, X2, W)
-    views, lead = layout.as_rows(operands, _NAMES)
-    if math.prod(lead) == 0:
-        return X1.new_zeros(*lead, rule.output_size)
-    out = kernels.accumulate(views[0], views[1], W if W is None else views[2], C, rule)
-    return out.view(*lead, rule.output_size)
+def _summed_to(grad, shape):
+    """``grad`` of an operand that the plan replaced by an expanded copy, summed back to ``shape``."""
+    return grad if grad is None or grad.shape == shape else grad.sum_to_size(shape)
 
 
 class _Accumulate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, X1, X2, W, C, rule, kernels):
+        originals = (X1, X2) if W is None else (X1, X2, W)
+        operands, rows = layout.plan(originals, _NAMES)
         ctx.save_for_backward(X1, X2, W, C)
-        ctx.rule, ctx.kernels = rule, kernels
-        return _forward(X1, X2, W, C, rule, kernels)
+        ctx.rule, ctx.kernels, ctx.rows = rule, kernels, rows
+        ctx.copied = any(a is not b for a, b in zip(operands, originals))
+        return kernels.accumulate(operands[0], operands[1], operands[2] if W is not None else None, C, rule, rows)
 
     @staticmethod
     def backward(ctx, G):
         X1, X2, W, C = ctx.saved_tensors
-        operands = _operands(X1, X2, W)
+        originals = (X1, X2) if W is None else (X1, X2, W)
+        operands, rows = (layout.plan(originals, _NAMES) if ctx.copied else (originals, ctx.rows))
+        args = (G, operands[0], operands[1], operands[2] if W is not None else None, C, ctx.rule)
         wanted = ctx.needs_input_grad[:4]
-        views, lead = layout.as_rows(operands, _NAMES)
-        if math.prod(lead) == 0:
-            grads = tuple(torch.zeros_like(t) if t is not None and w else None for t, w in zip((X1, X2, W, C), wanted))
-            return grads + (None, None)
-        A, B = max(v.shape[0] for v in views), max(v.shape[1] for v in views)
-        args = (G.reshape(A, B, G.shape[-1]), views[0], views[1], None if W is None else views[2], C, ctx.rule,
-                ctx.kernels)
         if torch.is_grad_enabled():  # create_graph: the gradients must be differentiable themselves
-            grads = _AccumulateBackward.apply(*args, *wanted)
+            grads = _AccumulateBackward.apply(*args, ctx.kernels, rows, *wanted)
         else:
-            grads = ctx.kernels.accumulate_backward(*args[:6], *wanted)
+            grads = ctx.kernels.accumulate_backward(*args, rows, *wanted)
         d1, d2, dW, dC = grads
-        return (layout.gradient_like(d1, X1) if d1 is not None else None,
-                layout.gradient_like(d2, X2) if d2 is not None else None,
-                layout.gradient_like(dW, W) if dW is not None else None, dC, None, None)
+        return (_summed_to(d1, X1.shape), _summed_to(d2, X2.shape), _summed_to(dW, None if W is None else W.shape),
+                dC, None, None)
 
 
 class _AccumulateBackward(torch.autograd.Function):
-    """``(G, X1, X2, W, C) -> (dX1, dX2, dW, dC)`` on the kernels' 3-D operands."""
+    """``(G, X1, X2, W, C) -> (dX1, dX2, dW, dC)`` for operands already planned into ``rows``."""
 
     @staticmethod
-    def forward(ctx, G, X1, X2, W, C, rule, kernels, want_x1, want_x2, want_w, want_c):
+    def forward(ctx, G, X1, X2, W, C, rule, kernels, rows, want_x1, want_x2, want_w, want_c):
         ctx.save_for_backward(G, X1, X2, W, C)
         ctx.rule, ctx.kernels, ctx.wanted = rule, kernels, (want_x1, want_x2, want_w, want_c)
-        return kernels.accumulate_backward(G, X1, X2, W, C, rule, want_x1, want_x2, want_w, want_c)
+        return kernels.accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1, want_x2, want_w, want_c)
 
     @staticmethod
     def backward(ctx, gg1, gg2, ggW, ggC):
         G, X1, X2, W, C = ctx.saved_tensors
         rule, kernels = ctx.rule, ctx.kernels
-        xs = _operands(X1, X2, W)
+        xs = (X1, X2) if W is None else (X1, X2, W)
         upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggW, ggC), ctx.wanted))
         upstream = upstream[:len(xs)] + upstream[3:]
         needed = ctx.needs_input_grad[:len(xs) + 1] + ctx.needs_input_grad[4:5]
@@ -108,8 +96,8 @@ class _AccumulateBackward(torch.autograd.Function):
         def coefficient_gradient(operands):
             weights = operands[2] if len(operands) == 3 else None
             return _AccumulateBackward.apply(G, operands[0], operands[1], weights, C, rule, kernels,
-                                             False, False, False, True)[3]
+                                             layout.plan(operands, _NAMES)[1], False, False, False, True)[3]
 
         dG, *dxs, dC = derivatives.backward_of_backward(G, xs, C, upstream, needed, acc, coefficient_gradient)
         dW = dxs[2] if len(dxs) == 3 else None
-        return (dG, dxs[0], dxs[1], dW, dC) + (None,) * 6
+        return (dG, dxs[0], dxs[1], dW, dC) + (None,) * 7

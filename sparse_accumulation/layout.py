@@ -1,20 +1,53 @@
-"""Broadcasting of the leading dimensions: ``[..., M]`` operands as the kernels' 3-D ``[A, B, M]`` views.
+"""Broadcasting of the leading dimensions: how the kernels address ``[..., M]`` operands, without copies.
 
-The leading dimensions of the operands broadcast as in torch. The broadcast shape is folded into at most
-two dimensions ``(A, B)`` (adjacent dimensions merge where every operand can be addressed with one stride
-over both), and each operand becomes a view ``[A_i, B_i, M]`` of its own storage with ``A_i``
-either ``A`` or 1 (likewise ``B_i``): a shared operand is read in place, never expanded into memory. The
-kernels then produce the output ``[A, B, O]`` and gradients of each operand's own ``[A_i, B_i, M]`` shape,
-summed over what it broadcasts.
+The operands' leading dimensions (all but the last) broadcast as in torch. Their broadcast shape ``lead`` is
+folded into at most two dimensions ``(A, B)``: adjacent dimensions merge where every operand can be addressed
+with one stride over both. Row ``r = a * B + b`` of operand ``i`` then starts at element
+``a * s_a + b * s_b`` of its storage (from its data pointer), with ``s_a = 0`` or ``s_b = 0`` where it
+broadcasts, and its component ``m`` at ``m * stride(-1)``. A :class:`Rows` holds this plan; it is plain
+integers, computed from shapes and strides (no tensor is made), so the kernels read a shared operand in place.
 
-Patterns that do not fold into two dimensions (for example ``[A, 1, C]`` against ``[A, B, C]``) fall back to
-expanding the operands that broadcast, which costs memory but stays correct.
+Outputs are contiguous ``[*lead, M]``, which is the ``[A, B, M]`` row order; a gradient has the shape of its
+operand, contiguous, which is its ``[A_i, B_i, M]`` row order (``A_i`` is ``A`` or 1, likewise ``B_i``).
+
+Patterns that do not fold into two dimensions (for example ``[A, 1, C]`` against ``[A, B, C]``) need the
+operands that broadcast expanded into memory first (:func:`plan` does it and says so), which costs memory but
+stays correct.
 """
 from __future__ import annotations
 
-import math
+from typing import NamedTuple
 
 import torch
+
+
+class Rows(NamedTuple):
+    """The row space of a call and how each operand is addressed in it.
+
+    Attributes:
+        lead: the broadcast leading shape (the output is ``[*lead, M]``).
+        A, B: the folded row space, ``A * B`` rows.
+        split: leading dimensions ``lead[:split]`` fold into ``A``, ``lead[split:]`` into ``B``.
+        operands: per operand ``(A_i, B_i, s_a, s_b)``: its extent in each folded dimension (``A`` or 1,
+            ``B`` or 1) and its strides along them (0 where its extent is 1).
+    """
+
+    lead: tuple
+    A: int
+    B: int
+    split: int
+    operands: tuple
+
+    @property
+    def count(self) -> int:
+        """Number of rows, ``A * B``."""
+        return self.A * self.B
+
+    def strides_of(self, t: torch.Tensor):
+        """``(s_a, s_b)`` of a tensor of shape ``[*lead, M]`` in this row space, or None where its strides
+        do not fold the same way (then a contiguous copy folds)."""
+        folded = _fold_one(t, self.lead, self.split)
+        return None if folded is None else folded[2:]
 
 
 def broadcast_shape(names, tensors) -> tuple:
@@ -23,80 +56,105 @@ def broadcast_shape(names, tensors) -> tuple:
     Raises:
         ValueError: the leading shapes do not broadcast; the message names the operands and their shapes.
     """
-    shapes = [tuple(t.shape[:-1]) for t in tensors]
-    first = shapes[0]
-    if all(s == first for s in shapes[1:]):
-        return first
+    first = tensors[0].shape[:-1]
+    if all(t.shape[:-1] == first for t in tensors[1:]):
+        return tuple(first)
     try:
-        return tuple(torch.broadcast_shapes(*shapes))
+        return tuple(torch.broadcast_shapes(*(t.shape[:-1] for t in tensors)))
     except RuntimeError:
         described = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(names, tensors))
         raise ValueError(f"the leading dimensions (all but the last) of {described} do not broadcast") from None
 
 
-def _aligned(t: torch.Tensor, shape: tuple) -> tuple:
-    """Sizes and strides of ``t``'s leading dimensions, right-aligned to ``shape``; 0 where ``t`` broadcasts."""
-    lead = t.dim() - 1
-    missing = len(shape) - lead
-    sizes, strides = [1] * missing, [0] * missing
-    for d in range(lead):
-        size = t.shape[d]
-        sizes.append(size)
-        strides.append(t.stride(d) if size != 1 else 0)
-    return sizes, strides
+def _group(sizes, strides, first: int, last: int):
+    """``(extent, stride)`` of dimensions ``first:last`` folded into one, or None where they do not fold.
+
+    Dimensions of size 1 are skipped; an operand of size 1 in every dimension has extent 1 and stride 0."""
+    extent, stride = 1, 0
+    for d in range(first, last):
+        size = sizes[d]
+        if size == 1:
+            continue
+        if extent != 1 and stride != strides[d] * size:
+            return None
+        extent, stride = extent * size, strides[d]
+    return extent, stride
 
 
-def _fold(shape: tuple, operands: list):
-    """Merge adjacent dimensions of ``shape`` where every operand allows it; returns ``(sizes, per operand
-    [(size, stride)])`` over the merged dimensions (dimensions of size 1 dropped), or None beyond two."""
-    dims = [d for d, n in enumerate(shape) if n != 1]
-    groups = []  # [size, [(size_i, stride_i) per operand]]
-    for d in dims:
-        entry = [(sizes[d], strides[d]) for sizes, strides in operands]
-        if groups:
-            size, last = groups[-1]
-            mergeable = all((s == 1 and ls == 1) or (s != 1 and ls != 1 and lt == t * shape[d])
-                            for (s, t), (ls, lt) in zip(entry, last))
-            if mergeable:
-                groups[-1] = [size * shape[d], [(ls if ls == 1 else ls * s, t) for (s, t), (ls, lt) in
-                                                zip(entry, last)]]
-                continue
-        groups.append([shape[d], entry])
-    if len(groups) > 2:
+def _aligned(t: torch.Tensor, n: int) -> tuple:
+    """Sizes and strides of ``t``'s leading dimensions, right-aligned to ``n`` dimensions."""
+    missing = n - (t.dim() - 1)
+    return (1,) * missing + tuple(t.shape[:-1]), (0,) * missing + tuple(t.stride()[:-1])
+
+
+def _fold_one(t: torch.Tensor, lead: tuple, split: int):
+    """``(A_i, B_i, s_a, s_b)`` of ``t`` for the folding at ``split``, or None."""
+    sizes, strides = _aligned(t, len(lead))
+    outer = _group(sizes, strides, 0, split)
+    inner = _group(sizes, strides, split, len(lead))
+    if outer is None or inner is None:
         return None
-    while len(groups) < 2:  # a single dimension is the outer one: B = 1 needs no division in the kernels
-        groups.append([1, [(1, 0)] * len(operands)])
-    return groups
+    return outer[0], inner[0], outer[1], inner[1]
 
 
-def as_rows(tensors, names) -> tuple:
-    """``(views, lead)``: the operands as ``[A_i, B_i, M]`` views and the broadcast leading shape.
+def _extent(sizes) -> int:
+    total = 1
+    for n in sizes:
+        total *= n
+    return total
 
-    Args:
-        tensors: operands ``[..., M_i]`` (at least one dimension each) whose leading dimensions broadcast.
-        names: their names, for error messages.
+
+def _find(tensors, lead: tuple):
+    """The :class:`Rows` of the first folding that every operand fits, or None. Foldings are tried best
+    first: everything outer (``B == 1``, the kernels need no division), then each boundary between leading
+    dimensions. An operand fits if it folds there and covers each folded dimension entirely or not at all."""
+    for split in [len(lead)] + list(range(len(lead) - 1, 0, -1)):
+        A, B = _extent(lead[:split]), _extent(lead[split:])
+        folded = []
+        for t in tensors:
+            f = _fold_one(t, lead, split)
+            if f is None or f[0] not in (1, A) or f[1] not in (1, B):
+                break
+            folded.append(f)
+        else:
+            return Rows(lead, A, B, split, tuple(folded))
+    return None
+
+
+def plan(tensors, names) -> tuple:
+    """``(tensors, rows)``: the :class:`Rows` of operands ``[..., M_i]`` whose leading dimensions broadcast.
+
+    ``tensors`` comes back unchanged, except in the rare patterns that fold into no two dimensions, where the
+    operands that broadcast are replaced by expanded copies.
 
     Raises:
         ValueError: the leading dimensions do not broadcast.
     """
     lead = broadcast_shape(names, tensors)
-    if all(t.dim() == 2 and t.shape[0] == lead[0] for t in tensors) and len(lead) == 1:
-        return tuple(t.unsqueeze(1) for t in tensors), lead
-    if math.prod(lead) == 0:  # nothing to compute; expanding costs nothing and keeps autograd's view of it
-        return tuple(t.expand(*lead, t.shape[-1]).reshape(0, 1, t.shape[-1]) for t in tensors), lead
-    groups = _fold(lead, [_aligned(t, lead) for t in tensors])
-    if groups is None:  # no two-dimensional addressing: expand what broadcasts, then fold again
-        tensors = [t.expand(*lead, t.shape[-1]).contiguous() if t.shape[:-1] != lead else t for t in tensors]
-        groups = _fold(lead, [_aligned(t, lead) for t in tensors])
-        if groups is None:
-            tensors = [t.reshape(*lead, t.shape[-1]).contiguous() for t in tensors]
-            groups = _fold(lead, [_aligned(t, lead) for t in tensors])
-    (_, outer), (_, inner) = groups
-    # reshape is a view here (the folding above checked the strides) and keeps autograd's view tracking
-    views = tuple(t.reshape(outer[i][0], inner[i][0], t.shape[-1]) for i, t in enumerate(tensors))
-    return views, lead
+    if 0 in lead:  # no rows: nothing is read, outputs are empty and gradients zero
+        return tuple(tensors), Rows(lead, 0, 1, len(lead), ((0, 1, 0, 0),) * len(tensors))
+    rows = _find(tensors, lead)
+    if rows is None:
+        tensors = tuple(t if tuple(t.shape[:-1]) == lead else t.expand(*lead, t.shape[-1]).contiguous()
+                        for t in tensors)
+        rows = _find(tensors, lead)
+        if rows is None:
+            tensors = tuple(t.contiguous() for t in tensors)
+            rows = _find(tensors, lead)
+    return tuple(tensors), rows
 
 
-def gradient_like(grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """A kernel's gradient ``[A_i, B_i, M]`` (contiguous) as a tensor of ``like``'s shape."""
-    return grad.reshape(like.shape)
+def contiguous_rows(t: torch.Tensor, rows: Rows) -> tuple:
+    """``(t, s_a, s_b)`` for a full ``[*lead, M]`` tensor (an output gradient): ``t`` itself where its strides
+    fold like the plan's, else a contiguous copy."""
+    strides = rows.strides_of(t)
+    if strides is None:
+        t = t.contiguous()
+        strides = rows.strides_of(t)
+    return (t,) + tuple(strides)
+
+
+def view3(t: torch.Tensor, folded) -> torch.Tensor:
+    """The ``[A_i, B_i, M]`` view of an operand described by ``folded = (A_i, B_i, s_a, s_b)``."""
+    A_i, B_i, s_a, s_b = folded
+    return t.as_strided((A_i, B_i, t.shape[-1]), (s_a, s_b, t.stride(-1)), t.storage_offset())

@@ -1,7 +1,6 @@
 """The registered op family ``torch.ops.sparse_accumulation``: fake implementations, autograd, compile and export.
 
-Ops take the kernels' 3-D operands ``[A_i, B_i, M]`` that broadcast over ``(A, B)`` (see
-:mod:`sparse_accumulation.kernels`); the public API makes those views.
+Ops take the caller's operands ``[..., M]``, whose leading dimensions broadcast (see :mod:`.layout`).
 
 Rule ops, used with a :class:`~sparse_accumulation.rules.Rule` (``rule`` is its :attr:`~.Rule.key`, a constant
 string, so tracing never reads an index):
@@ -31,15 +30,19 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import backends, derivatives
+from . import backends, derivatives, layout
 from .rules import Rule, prepare_rule
 
 _NAMESPACE = "sparse_accumulation"
 _ROLES = ("X1", "X2", "W")
 
 
-def _broadcast_shape(*operands) -> tuple:
-    return max(t.shape[0] for t in operands if t is not None), max(t.shape[1] for t in operands if t is not None)
+def _operands(X1, X2, W) -> tuple:
+    return (X1, X2) if W is None else (X1, X2, W)
+
+
+def _lead(X1, X2, W) -> tuple:
+    return layout.broadcast_shape(_ROLES, _operands(X1, X2, W))
 
 
 def _empty_unless(wanted: bool, like: Optional[Tensor], reference: Tensor) -> Tensor:
@@ -50,6 +53,24 @@ def _kernels(implementation: str, device):
     return backends.kernels(backends.resolve(implementation, device))
 
 
+def _forward(kernels, X1, X2, W, C, rule):
+    """``kernels.accumulate`` on planned operands."""
+    operands, rows = layout.plan(_operands(X1, X2, W), _ROLES)
+    return kernels.accumulate(operands[0], operands[1], operands[2] if W is not None else None, C, rule, rows)
+
+
+def _backward(kernels, G, X1, X2, W, C, rule, *wanted):
+    """``kernels.accumulate_backward`` on planned operands; gradients of the caller's shapes (summed back where
+    the plan expanded an operand), empty tensors where not wanted."""
+    originals = _operands(X1, X2, W)
+    operands, rows = layout.plan(originals, _ROLES)
+    results = kernels.accumulate_backward(G, operands[0], operands[1], operands[2] if W is not None else None, C,
+                                          rule, rows, *wanted)
+    shapes = [t.shape for t in originals] + [None] * (3 - len(originals)) + [C.shape]
+    return tuple(X1.new_empty(0) if t is None else t if t.shape == shape else t.sum_to_size(shape)
+                 for t, shape in zip(results, shapes))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # opaque kernel ops (any implementation but Triton-on-CUDA inside the rule ops)
 
@@ -57,14 +78,13 @@ def _kernels(implementation: str, device):
 @torch.library.custom_op(f"{_NAMESPACE}::kernel_accumulate", mutates_args=())
 def kernel_accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
                       implementation: str) -> Tensor:
-    """``out[a, b, mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]`` with the kernels of ``implementation``."""
-    return _kernels(implementation, X1.device).accumulate(X1, X2, W, C, Rule.from_key(rule))
+    """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]`` with the kernels of ``implementation``."""
+    return _forward(_kernels(implementation, X1.device), X1, X2, W, C, Rule.from_key(rule))
 
 
 @kernel_accumulate.register_fake
 def _(X1, X2, W, C, rule, implementation):
-    A, B = _broadcast_shape(X1, X2, W)
-    return X1.new_empty((A, B, Rule.from_key(rule).output_size))
+    return X1.new_empty((*_lead(X1, X2, W), Rule.from_key(rule).output_size))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::kernel_accumulate_backward", mutates_args=())
@@ -72,9 +92,8 @@ def kernel_accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Te
                                implementation: str, want_x1: bool, want_x2: bool, want_w: bool, want_c: bool
                                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Gradients of :func:`kernel_accumulate`; unwanted ones are empty tensors."""
-    results = _kernels(implementation, X1.device).accumulate_backward(
-        G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2, want_w and W is not None, want_c)
-    return tuple(X1.new_empty(0) if t is None else t for t in results)
+    return _backward(_kernels(implementation, X1.device), G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2,
+                     want_w and W is not None, want_c)
 
 
 @kernel_accumulate_backward.register_fake
@@ -91,13 +110,27 @@ def _triton_here(implementation: str, device) -> bool:
     return device.type == "cuda" and backends.resolve(implementation, device) == "triton"
 
 
-@torch.library.triton_op(f"{_NAMESPACE}::accumulate", mutates_args=())
-def accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str, implementation: str) -> Tensor:
-    """Sparse accumulation of 3-D broadcast operands under the rule of key ``rule``; ``[A, B, output_size]``."""
-    if _triton_here(implementation, X1.device):
+class _TritonTraced:
+    """The Triton kernels launched through ``torch.library.wrap_triton``, so a tracing compiler sees them."""
+
+    @staticmethod
+    def accumulate(*args):
         from .kernels import triton_gpu
 
-        return triton_gpu.accumulate(X1, X2, W, C, Rule.from_key(rule), traceable=True)
+        return triton_gpu.accumulate(*args, traceable=True)
+
+    @staticmethod
+    def accumulate_backward(*args):
+        from .kernels import triton_gpu
+
+        return triton_gpu.accumulate_backward(*args, traceable=True)
+
+
+@torch.library.triton_op(f"{_NAMESPACE}::accumulate", mutates_args=())
+def accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str, implementation: str) -> Tensor:
+    """Sparse accumulation of broadcasting operands under the rule of key ``rule``."""
+    if _triton_here(implementation, X1.device):
+        return _forward(_TritonTraced, X1, X2, W, C, Rule.from_key(rule))
     return kernel_accumulate(X1, X2, W, C, rule, implementation)
 
 
@@ -108,11 +141,7 @@ def accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Tensor], 
     """Gradients of :func:`accumulate` for the output gradient ``G``; unwanted ones are empty tensors."""
     want_w = want_w and W is not None
     if _triton_here(implementation, X1.device):
-        from .kernels import triton_gpu
-
-        results = triton_gpu.accumulate_backward(G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2, want_w,
-                                                 want_c, traceable=True)
-        return tuple(X1.new_empty(0) if t is None else t for t in results)
+        return _backward(_TritonTraced, G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2, want_w, want_c)
     return kernel_accumulate_backward(G, X1, X2, W, C, rule, implementation, want_x1, want_x2, want_w, want_c)
 
 
@@ -168,7 +197,7 @@ accumulate_backward.register_autograd(_accumulate_backward_grad, setup_context=_
 
 
 def _indexed_rule(m1, m2, mu, X1, X2, output_size) -> Rule:
-    return prepare_rule(m1, m2, mu, X1.shape[2], X2.shape[2], output_size)
+    return prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::accumulate_indexed", mutates_args=())
@@ -176,13 +205,12 @@ def accumulate_indexed(X1: Tensor, X2: Tensor, C: Tensor, m1: Tensor, m2: Tensor
                        implementation: str) -> Tensor:
     """:func:`accumulate` with the rule given by index tensors, checked and converted when the op runs."""
     rule = _indexed_rule(m1, m2, mu, X1, X2, output_size)
-    return _kernels(implementation, X1.device).accumulate(X1, X2, None, C, rule)
+    return _forward(_kernels(implementation, X1.device), X1, X2, None, C, rule)
 
 
 @accumulate_indexed.register_fake
 def _(X1, X2, C, m1, m2, mu, output_size, implementation):
-    A, B = _broadcast_shape(X1, X2)
-    return X1.new_empty((A, B, output_size))
+    return X1.new_empty((*_lead(X1, X2, None), output_size))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::accumulate_indexed_backward", mutates_args=())
@@ -190,10 +218,10 @@ def accumulate_indexed_backward(G: Tensor, X1: Tensor, X2: Tensor, C: Tensor, m1
                                 implementation: str, want_x1: bool, want_x2: bool, want_c: bool
                                 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`accumulate_indexed`; unwanted ones are empty tensors."""
-    rule = _indexed_rule(m1, m2, mu, X1, X2, G.shape[2])
-    d1, d2, _, dC = _kernels(implementation, X1.device).accumulate_backward(G, X1, X2, None, C, rule, want_x1,
-                                                                            want_x2, False, want_c)
-    return tuple(X1.new_empty(0) if t is None else t for t in (d1, d2, dC))
+    rule = _indexed_rule(m1, m2, mu, X1, X2, G.shape[-1])
+    d1, d2, _, dC = _backward(_kernels(implementation, X1.device), G, X1, X2, None, C, rule, want_x1, want_x2,
+                              False, want_c)
+    return d1, d2, dC
 
 
 @accumulate_indexed_backward.register_fake
@@ -228,7 +256,7 @@ def _indexed_backward_grad(ctx, gg1, gg2, ggC):
     impl = ctx.implementation
     upstream = tuple(g if wanted else None for g, wanted in zip((gg1, gg2, ggC), ctx.wanted))
     # the rule with slot `role` and the output swapped, and the size of what it writes
-    swapped = {None: (m1, m2, mu, G.shape[2]), 0: (mu, m2, m1, X1.shape[2]), 1: (m1, mu, m2, X2.shape[2])}
+    swapped = {None: (m1, m2, mu, G.shape[-1]), 0: (mu, m2, m1, X1.shape[-1]), 1: (m1, mu, m2, X2.shape[-1])}
 
     def acc(operands, c, role):
         i1, i2, out, size = swapped[role]

@@ -19,6 +19,7 @@ import numba
 import numpy as np
 import torch
 
+from .. import layout
 from . import accumulation_dtype
 
 FORWARD_BLOCK = 128
@@ -246,33 +247,39 @@ def _backward_rows(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
     return (d1.to(X1.dtype) if want_x1 else None, d2.to(X1.dtype) if want_x2 else None, dC)
 
 
-def _rows(t, A, B):
-    return t.expand(A, B, t.shape[2]).reshape(A * B, t.shape[2])
+def _rows(t, folded, A, B):
+    return layout.view3(t, folded).expand(A, B, t.shape[-1]).reshape(A * B, t.shape[-1])
 
 
-def _reduced(grad, like, A, B):
+def _reduced(grad, like, folded, A, B):
     grad = grad.reshape(A, B, grad.shape[1])
-    if like.shape[1] == 1 and B != 1:
+    if folded[1] == 1 and B != 1:
         grad = grad.sum(1, keepdim=True)
-    if like.shape[0] == 1 and A != 1:
+    if folded[0] == 1 and A != 1:
         grad = grad.sum(0, keepdim=True)
-    return grad.contiguous()
+    return grad.reshape(like.shape).contiguous()
 
 
-def accumulate(X1, X2, W, C, rule):
-    """``out[a, b, mu[k]] += X1[m1[k]] * X2[m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
+def accumulate(X1, X2, W, C, rule, rows):
+    """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
     if W is not None:
         raise NotImplementedError("the numba kernels do not support weighted rules yet")
-    A, B = max(X1.shape[0], X2.shape[0]), max(X1.shape[1], X2.shape[1])
-    return _accumulate_rows(_rows(X1, A, B), _rows(X2, A, B), C, rule, rule.output_size).reshape(A, B, -1)
+    A, B = rows.A, rows.B
+    (f1, f2) = rows.operands
+    out = _accumulate_rows(_rows(X1, f1, A, B), _rows(X2, f2, A, B), C, rule, rule.output_size)
+    return out.reshape(*rows.lead, rule.output_size)
 
 
-def accumulate_backward(G, X1, X2, W, C, rule, want_x1=True, want_x2=True, want_w=False, want_c=True):
+def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True, want_w=False, want_c=True):
     """Gradients ``(dX1, dX2, dW, dC)``; see :mod:`sparse_accumulation.kernels`."""
     if W is not None:
         raise NotImplementedError("the numba kernels do not support weighted rules yet")
-    A, B = G.shape[0], G.shape[1]
-    d1, d2, dC = _backward_rows(G.reshape(A * B, -1), _rows(X1, A, B), _rows(X2, A, B), C, rule, want_x1,
-                                want_x2, want_c)
-    return (None if d1 is None else _reduced(d1, X1, A, B), None if d2 is None else _reduced(d2, X2, A, B),
+    A, B = rows.A, rows.B
+    (f1, f2) = rows.operands
+    if A * B == 0:
+        return (X1.new_zeros(X1.shape) if want_x1 else None, X2.new_zeros(X2.shape) if want_x2 else None, None,
+                C.new_zeros(C.shape) if want_c else None)
+    G = G.reshape(A * B, G.shape[-1])
+    d1, d2, dC = _backward_rows(G, _rows(X1, f1, A, B), _rows(X2, f2, A, B), C, rule, want_x1, want_x2, want_c)
+    return (None if d1 is None else _reduced(d1, X1, f1, A, B), None if d2 is None else _reduced(d2, X2, f2, A, B),
             None, dC)

@@ -26,6 +26,7 @@ import os
 
 import torch
 
+from .. import layout
 from . import accumulation_dtype
 
 try:  # triton is optional: is_available() reports whether this backend can run
@@ -70,21 +71,17 @@ def _acc(dtype: torch.dtype) -> str:
     return "tl.float64" if dtype == torch.float64 else "tl.float32"
 
 
-def _strides(t: torch.Tensor) -> tuple:
-    """``(s_a, s_b, s_m)`` of a 3-D operand, 0 along a dimension it broadcasts (size 1)."""
-    return (t.stride(0) if t.shape[0] != 1 else 0, t.stride(1) if t.shape[1] != 1 else 0, t.stride(2))
-
-
-def _max_offset(rows, inner, strides, width) -> int:
+def _max_offset(rows: int, inner: int, strides, width: int) -> int:
     """Largest element offset a program may form (rows past the end included)."""
     s_a, s_b, s_m = strides
     return (rows + _MAX_BLOCK_R) * abs(s_a) + inner * abs(s_b) + width * abs(s_m)
 
 
-def _layout(operands, A: int, B: int, output_widths) -> "source.Layout":
-    strides = [_strides(t) for t in operands]
-    unit = tuple(s[2] == 1 or t.shape[2] == 1 for s, t in zip(strides, operands))
-    largest = max([_max_offset(A, B, s, t.shape[2]) for s, t in zip(strides, operands)]
+def _layout(operands, folded, A: int, B: int, output_widths) -> tuple:
+    """``(Layout, strides)``: the static layout of a call and ``(s_a, s_b, s_m)`` per operand."""
+    strides = [(f[2], f[3], t.stride(-1)) for t, f in zip(operands, folded)]
+    unit = tuple(s[2] == 1 or t.shape[-1] == 1 for s, t in zip(strides, operands))
+    largest = max([_max_offset(A, B, s, t.shape[-1]) for s, t in zip(strides, operands)]
                   + [(A * B + _MAX_BLOCK_R) * w for w in output_widths])
     return source.Layout(B == 1, unit, largest >= _INT32_LIMIT), strides
 
@@ -139,91 +136,108 @@ def _row_kernel(kind: str, rule, layout, strategy: str, acc: str, wanted=()):
     return build.cached((kind, rule.key, layout, strategy, acc, wanted), make)
 
 
-def _broadcast(operands) -> tuple:
-    return max(t.shape[0] for t in operands), max(t.shape[1] for t in operands)
-
-
-def _launch_rows(kernel, layout, strides, pointers, R, B, device, traceable):
-    ints = _int_args(layout, strides, R, B)
+def _launch_rows(kernel, layout_, strides, pointers, R, B, device, traceable):
+    ints = _int_args(layout_, strides, R, B)
     launch.launch(kernel, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), pointers + ints, device=device,
                   traceable=traceable, tuning=ints[-1])
 
 
-def accumulate(X1, X2, W, C, rule, strategy=None, traceable=False):
-    """``out[a, b, mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`.
-
-    ``traceable``: launch through ``torch.library.wrap_triton`` (inside a registered op being traced)."""
-    strategy = _check_strategy(strategy)
-    operands = [X1, X2] if W is None else [X1, X2, W]
-    A, B = _broadcast(operands)
-    out = torch.empty((A, B, rule.output_size), dtype=X1.dtype, device=X1.device)
+def _forward(operands, folded, C, rule, rows, strategy, traceable):
+    out = torch.empty((*rows.lead, rule.output_size), dtype=operands[0].dtype, device=operands[0].device)
+    A, B = rows.A, rows.B
     if A * B == 0 or rule.output_size == 0:
         return out
     if rule.nnz == 0:
         return out.zero_()
-    layout, strides = _layout(operands, A, B, [rule.output_size])
-    kernel = _row_kernel("fwd", rule, layout, strategy, _acc(X1.dtype))
-    _launch_rows(kernel, layout, strides, operands + [C.contiguous(), out], A * B, B, X1.device, traceable)
+    layout_, strides = _layout(operands, folded, A, B, [rule.output_size])
+    kernel = _row_kernel("fwd", rule, layout_, strategy, _acc(operands[0].dtype))
+    _launch_rows(kernel, layout_, strides, list(operands) + [C.contiguous(), out], A * B, B, operands[0].device,
+                 traceable)
     return out
 
 
-def _sum_to(grad, like):
-    """A full ``[A, B, M]`` gradient summed over the dimensions where ``like`` has size 1."""
-    dims = tuple(d for d in (0, 1) if like.shape[d] == 1 and grad.shape[d] != 1)
-    return grad.sum(dims, keepdim=True) if dims else grad
+def accumulate(X1, X2, W, C, rule, rows, strategy=None, traceable=False):
+    """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`.
+
+    ``traceable``: launch through ``torch.library.wrap_triton`` (inside a registered op being traced)."""
+    operands = [X1, X2] if W is None else [X1, X2, W]
+    return _forward(operands, rows.operands, C, rule, rows, _check_strategy(strategy), traceable)
 
 
-def accumulate_input_gradients(G, X1, X2, W, C, rule, wanted=(True, True, False), strategy=None,
+def _gradient_target(t, f, rows):
+    """Where a kernel writes the gradient of operand ``t`` (folded ``f``): ``t``'s own shape, or full rows
+    when ``t`` broadcasts (summed afterwards by :func:`_summed`)."""
+    if (f[0], f[1]) == (rows.A, rows.B):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty((rows.A, rows.B, t.shape[-1]), dtype=t.dtype, device=t.device)
+
+
+def _summed(grad, t, f):
+    """A gradient written by :func:`_gradient_target`, of ``t``'s shape."""
+    if grad.shape == t.shape:
+        return grad
+    dims = tuple(d for d in (0, 1) if f[d] == 1 and grad.shape[d] != 1)
+    return (grad.sum(dims, keepdim=True) if dims else grad).view(t.shape)
+
+
+def _with_gradient(G, rows):
+    """``(G, its folded description)`` in the row space (a contiguous copy where its strides do not fold)."""
+    G, s_a, s_b = layout.contiguous_rows(G, rows)
+    return G, (rows.A, rows.B, s_a, s_b)
+
+
+def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, False), strategy=None,
                                traceable=False):
     """The wanted gradients among ``(dX1, dX2, dW)`` in one kernel that reads G and the operands once
     (``None`` where not wanted); each of its operand's shape."""
     strategy = _check_strategy(strategy)
+    G, g_folded = _with_gradient(G, rows)
     operands = [G, X1, X2] + ([] if W is None else [W])
+    folded = [g_folded] + list(rows.operands)
     slots = [j for j, want in enumerate(wanted) if want and j < len(operands) - 1]
-    A, B = G.shape[0], G.shape[1]
-    full = {j: torch.empty((A, B, operands[j + 1].shape[2]), dtype=X1.dtype, device=X1.device) for j in slots}
-    if A * B != 0 and slots:
-        if rule.nnz == 0:
-            for t in full.values():
-                t.zero_()
-        else:
-            layout, strides = _layout(operands, A, B, [t.shape[2] for t in full.values()])
-            kernel = _row_kernel("grad", rule, layout, strategy, _acc(X1.dtype), tuple(slots))
-            pointers = operands + [C.contiguous()] + [full[j] for j in slots]
-            _launch_rows(kernel, layout, strides, pointers, A * B, B, X1.device, traceable)
+    targets = {j: _gradient_target(operands[j + 1], folded[j + 1], rows) for j in slots}
+    A, B = rows.A, rows.B
+    if slots and (A * B == 0 or rule.nnz == 0):
+        for t in targets.values():
+            t.zero_()
+    elif slots:
+        layout_, strides = _layout(operands, folded, A, B, [t.shape[-1] for t in targets.values()])
+        kernel = _row_kernel("grad", rule, layout_, strategy, _acc(X1.dtype), tuple(slots))
+        pointers = operands + [C.contiguous()] + [targets[j] for j in slots]
+        _launch_rows(kernel, layout_, strides, pointers, A * B, B, X1.device, traceable)
     grads = [None, None, None]
     for j in slots:
-        grads[j] = _sum_to(full[j], operands[j + 1])
+        grads[j] = _summed(targets[j], operands[j + 1], folded[j + 1])
     return tuple(grads)
 
 
-def accumulate_dC(G, X1, X2, W, rule, strategy=None, traceable=False):
+def accumulate_dC(G, X1, X2, W, rule, rows, strategy=None, traceable=False):
     """``dC[k] = sum over rows of G[mu[k]] * X1[m1[k]] * X2[m2[k]] (* W[w[k]])``, deterministic; ``[nnz]``."""
     strategy = _check_strategy(DC_STRATEGY if strategy is None else strategy)
-    operands = [G, X1, X2] + ([] if W is None else [W])
-    A, B = G.shape[0], G.shape[1]
+    A, B = rows.A, rows.B
     R = A * B
     if R == 0 or rule.nnz == 0:
         return torch.zeros(rule.nnz, dtype=X1.dtype, device=X1.device)
+    G, g_folded = _with_gradient(G, rows)
+    operands = [G, X1, X2] + ([] if W is None else [W])
     acc = _acc(X1.dtype)
     block_r, num_warps, blocks, chunk_size = configs.coefficient_gradient_config(acc == "tl.float64",
                                                                                  build.interpreting())
-    layout, strides = _layout(operands, A, B, [])
-    _, indices = _operands_of("dC", rule)
+    layout_, strides = _layout(operands, [g_folded] + list(rows.operands), A, B, [])
+    names, indices = _operands_of("dC", rule)
 
     def make():
-        names = _operands_of("dC", rule)[0]
-        name = build.kernel_name("dC", (rule.key, layout, strategy, acc, chunk_size))
-        text, ints = source.coefficient_gradient_source(name, f"dC of a rule with nnz={rule.nnz}, {layout}",
-                                                        names, indices, layout,
+        name = build.kernel_name("dC", (rule.key, layout_, strategy, acc, chunk_size))
+        text, ints = source.coefficient_gradient_source(name, f"dC of a rule with nnz={rule.nnz}, {layout_}",
+                                                        names, indices, layout_,
                                                         source.split_strategy(strategy)[0], acc, chunk_size)
         return build.plain_kernel(text, name, ints)
 
-    kernel = build.cached(("dC", rule.key, layout, strategy, acc, chunk_size), make)
+    kernel = build.cached(("dC", rule.key, layout_, strategy, acc, chunk_size), make)
     chunks, width = source.coefficient_gradient_plan(rule.nnz, chunk_size)
     programs = triton.cdiv(R, block_r * blocks)
     partial = torch.empty((programs, len(chunks) * width), dtype=accumulation_dtype(X1.dtype), device=X1.device)
-    ints = _int_args(layout, strides, R, B)[:-1]
+    ints = _int_args(layout_, strides, R, B)[:-1]
     launch.launch(kernel, lambda meta: (len(chunks), programs), operands + [partial] + ints,
                   {"BLOCK_R": block_r, "BLOCKS": blocks, "num_warps": num_warps, "num_stages": 1},
                   device=X1.device, traceable=traceable)
@@ -232,7 +246,7 @@ def accumulate_dC(G, X1, X2, W, rule, strategy=None, traceable=False):
     return sums.to(X1.dtype)
 
 
-def accumulate_backward(G, X1, X2, W, C, rule, want_x1=True, want_x2=True, want_w=False, want_c=True,
+def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True, want_w=False, want_c=True,
                         traceable=False):
     """Gradients ``(dX1, dX2, dW, dC)`` (``None`` where not wanted); see :mod:`sparse_accumulation.kernels`.
 
@@ -241,16 +255,18 @@ def accumulate_backward(G, X1, X2, W, C, rule, want_x1=True, want_x2=True, want_
     """
     operands = [X1, X2] if W is None else [X1, X2, W]
     wanted = (want_x1, want_x2, want_w and W is not None)
-    widths = [t.shape[2] for t in operands] + [rule.output_size]
+    widths = [t.shape[-1] for t in operands] + [rule.output_size]
     grads = [None, None, None]
     if sum(wanted) > 1 and max(widths) <= configs.FUSED_GRADIENTS_MAX_WIDTH:
-        grads = list(accumulate_input_gradients(G, X1, X2, W, C, rule, wanted, traceable=traceable))
-    else:
+        grads = list(accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted, traceable=traceable))
+    elif any(wanted):
+        strategy = _check_strategy(None)
+        G_rows, g_folded = _with_gradient(G, rows)
         for j, want in enumerate(wanted):
             if want:
-                swapped = [G if i == j else t for i, t in enumerate(operands)]
-                full = accumulate(*swapped[:2], swapped[2] if W is not None else None, C, rule.swapped(_SLOTS[j]),
-                                  traceable=traceable)
-                grads[j] = _sum_to(full, operands[j])
-    dC = accumulate_dC(G, X1, X2, W, rule, traceable=traceable) if want_c else None
+                swapped = [G_rows if i == j else t for i, t in enumerate(operands)]
+                folded = [g_folded if i == j else f for i, f in enumerate(rows.operands)]
+                full = _forward(swapped, folded, C, rule.swapped(_SLOTS[j]), rows, strategy, traceable)
+                grads[j] = _summed(full.view(rows.A, rows.B, -1), operands[j], rows.operands[j])
+    dC = accumulate_dC(G, X1, X2, W, rule, rows, traceable=traceable) if want_c else None
     return grads[0], grads[1], grads[2], dC

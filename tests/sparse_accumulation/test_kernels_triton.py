@@ -27,6 +27,7 @@ import pytest  # noqa: E402
 triton = pytest.importorskip("triton")
 
 import sparse_accumulation as sa  # noqa: E402
+from sparse_accumulation import layout  # noqa: E402
 from sparse_accumulation.kernels import triton_gpu  # noqa: E402
 from sparse_accumulation.kernels.triton import build, launch  # noqa: E402
 
@@ -152,9 +153,24 @@ def poison_allocator(nbytes):
     torch.full((nbytes // 4 + 16,), float("nan"), dtype=torch.float32, device=DEVICE)
 
 
+def rows_of(*operands):
+    return layout.plan(operands, ["X1", "X2", "W"][:len(operands)])[1]
+
+
 def _call(rule, operands, C, **options):
     X1, X2, *rest = operands
-    return triton_gpu.accumulate(X1, X2, rest[0] if rest else None, C, rule, **options)
+    return triton_gpu.accumulate(X1, X2, rest[0] if rest else None, C, rule, rows_of(*operands), **options)
+
+
+def _backward(G, rule, operands, C, *wanted):
+    X1, X2, *rest = operands
+    return triton_gpu.accumulate_backward(G, X1, X2, rest[0] if rest else None, C, rule, rows_of(*operands),
+                                          *wanted)
+
+
+def _dC(G, rule, operands, **options):
+    X1, X2, *rest = operands
+    return triton_gpu.accumulate_dC(G, X1, X2, rest[0] if rest else None, rule, rows_of(*operands), **options)
 
 
 def test_is_available():
@@ -202,8 +218,7 @@ def test_broadcast_operands_forward_gradients_and_dC(strategy, shapes, weighted)
     out = _call(rule, operands, C, strategy=strategy)
     assert_close(out, reference(operands, indices, C, rule.output_size), torch.float64)
     G = randn(*out.shape)
-    W = operands[2] if weighted else None
-    grads = triton_gpu.accumulate_backward(G, operands[0], operands[1], W, C, rule, True, True, weighted, True)
+    grads = _backward(G, rule, operands, C, True, True, weighted, True)
     for j, operand in enumerate(operands):
         assert_close(grads[j], reference_gradient(G, operands, indices, C, j), torch.float64)
     assert_close(grads[3], reference_dC(G, operands, indices), torch.float64)
@@ -221,8 +236,7 @@ def test_gradients_one_at_a_time_and_unfused(weighted, monkeypatch):
         monkeypatch.setattr(triton_gpu.configs, "FUSED_GRADIENTS_MAX_WIDTH", fused_width)
         for j in range(slots):
             wanted = [i == j for i in range(3)]
-            W = operands[2] if weighted else None
-            grads = triton_gpu.accumulate_backward(G, operands[0], operands[1], W, C, rule, *wanted, False)
+            grads = _backward(G, rule, operands, C, *wanted, False)
             assert grads[3] is None and all(g is None for i, g in enumerate(grads[:3]) if i != j)
             assert_close(grads[j], reference_gradient(G, operands, indices, C, j), torch.float64)
 
@@ -237,7 +251,7 @@ def test_int64_offsets(strategy, monkeypatch):
         out = _call(rule, operands, C, strategy=strategy)
         assert_close(out, reference(operands, indices, C, rule.output_size), torch.float64)
         G = randn(*out.shape)
-        dC = triton_gpu.accumulate_dC(G, operands[0], operands[1], None, rule, strategy=strategy)
+        dC = _dC(G, rule, operands, strategy=strategy)
         assert_close(dC, reference_dC(G, operands, indices), torch.float64)
 
 
@@ -248,7 +262,7 @@ def test_dC_float64(strategy, name, R):
     rule, indices = make_rule(name)
     operands, _ = operands_for(rule, [(R, 1), (R, 1)])
     G = randn(R, 1, rule.output_size)
-    dC = triton_gpu.accumulate_dC(G, operands[0], operands[1], None, rule, strategy=strategy)
+    dC = _dC(G, rule, operands, strategy=strategy)
     assert dC.shape == (rule.nnz,) and dC.dtype == torch.float64
     assert_close(dC, reference_dC(G, operands, indices), torch.float64)
 
@@ -258,7 +272,7 @@ def test_dC_dtypes_transposed(dtype):
     rule, indices = make_rule("cg_like")
     operands, _ = operands_for(rule, [(70, 1), (70, 1)], dtype, transposed=True)
     G = randn(rule.output_size, 1, 70, dtype=dtype).permute(2, 1, 0)
-    dC = triton_gpu.accumulate_dC(G, operands[0], operands[1], None, rule)
+    dC = _dC(G, rule, operands)
     assert dC.dtype == dtype
     # a sum over 70 rows: compare to the scale of the summed magnitudes
     scale = reference_dC(G.abs(), [t.abs() for t in operands], indices).max()
@@ -276,8 +290,8 @@ def test_deterministic(strategy):
         first = _call(rule, operands, C, strategy=strategy)
         second = _call(rule, operands, C, strategy=strategy)
         assert torch.equal(first, second)
-        first = triton_gpu.accumulate_backward(G, *operands, None, C, rule)
-        second = triton_gpu.accumulate_backward(G, *operands, None, C, rule)
+        first = _backward(G, rule, operands, C, True, True, False, True)
+        second = _backward(G, rule, operands, C, True, True, False, True)
         assert all(torch.equal(a, b) for a, b in zip(first, second) if a is not None)
 
 
@@ -290,9 +304,10 @@ def test_auto_kernel_both_store_branches(kind):
     (X1, X2), C = operands_for(rule, [(R, 1), (R, 1)], torch.float32)
     G = randn(R, 1, rule.output_size, dtype=torch.float32)
     operands = [X1, X2] if kind == "fwd" else [G, X1, X2]
-    layout, strides = triton_gpu._layout(operands, R, 1, [rule.output_size])
-    kernel = triton_gpu._row_kernel(kind, rule, layout, "auto", "tl.float32", () if kind == "fwd" else (0, 1))
-    ints = triton_gpu._int_args(layout, strides, R, 1)
+    rows = rows_of(*operands)
+    static, strides = triton_gpu._layout(operands, rows.operands, R, 1, [rule.output_size])
+    kernel = triton_gpu._row_kernel(kind, rule, static, "auto", "tl.float32", () if kind == "fwd" else (0, 1))
+    ints = triton_gpu._int_args(static, strides, R, 1)
     grid = (triton.cdiv(R, 32),)
     for flag in (0, 1):
         if kind == "fwd":
@@ -310,10 +325,10 @@ def test_auto_kernel_both_store_branches(kind):
 def test_empty_rule_and_strategy_check():
     rule = sa.Rule([], [], [], 4, input_sizes=(3, 3))
     (X1, X2), C = operands_for(rule, [(5, 1), (5, 1)], torch.float32)
-    assert torch.equal(triton_gpu.accumulate(X1, X2, None, C, rule).cpu(), torch.zeros(5, 1, 4))
-    assert triton_gpu.accumulate_dC(randn(5, 1, 4), X1, X2, None, rule).shape == (0,)
+    assert torch.equal(_call(rule, [X1, X2], C).cpu(), torch.zeros(5, 1, 4))
+    assert _dC(randn(5, 1, 4), rule, [X1, X2]).shape == (0,)
     with pytest.raises(ValueError, match="strategy must be one of"):
-        triton_gpu.accumulate(X1, X2, None, C, rule, strategy="nope")
+        _call(rule, [X1, X2], C, strategy="nope")
 
 
 def test_generated_source_is_cached_on_disk(tmp_path, monkeypatch):
@@ -378,7 +393,7 @@ def test_gpu_forward_and_gradients(strategy, dtype, transposed):
     assert torch.count_nonzero(out[:, :, -1]) == 0
     assert torch.equal(out, _call(rule, operands, C, strategy=strategy))
     G = randn(*out.shape, dtype=dtype)
-    grads = triton_gpu.accumulate_backward(G, *operands, None, C, rule, True, True, False, False)
+    grads = _backward(G, rule, operands, C, True, True, False, False)
     for j in range(2):
         want = reference_gradient(G, operands, indices, C, j)
         np.testing.assert_allclose(grads[j].double().cpu().numpy(), want, rtol=tol, atol=tol * np.abs(want).max())
@@ -391,12 +406,12 @@ def test_gpu_dC(dtype):
     rule, indices = make_rule("big")
     operands, _ = operands_for(rule, [(20011, 1), (20011, 1)], dtype)
     G = randn(20011, 1, rule.output_size, dtype=dtype)
-    dC = triton_gpu.accumulate_dC(G, *operands, None, rule)
+    dC = _dC(G, rule, operands)
     scale = reference_dC(G.abs(), [t.abs() for t in operands], indices).max()
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     np.testing.assert_allclose(dC.double().cpu().numpy(), reference_dC(G, operands, indices), rtol=0,
                                atol=tol * scale)
-    assert torch.equal(dC, triton_gpu.accumulate_dC(G, *operands, None, rule))
+    assert torch.equal(dC, _dC(G, rule, operands))
 
 
 @cuda
@@ -417,8 +432,7 @@ def test_gpu_fast_launch_equals_public_launch(monkeypatch):
             W = randn(rows, 2, 5, generator=g, dtype=torch.float32)
             C = randn(rule.nnz, generator=g, dtype=torch.float32)
             G = randn(rows, 2, rule.output_size, generator=g, dtype=torch.float32)
-            runs.append((triton_gpu.accumulate(X1, X2, W, C, rule),)
-                        + triton_gpu.accumulate_backward(G, X1, X2, W, C, rule, True, True, True, True))
+            runs.append((_call(rule, [X1, X2, W], C),) + _backward(G, rule, [X1, X2, W], C, True, True, True, True))
         results[fast] = runs
         if fast:
             assert launch._plans, "no fast launch plan was made"
