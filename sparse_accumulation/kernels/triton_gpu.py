@@ -80,10 +80,11 @@ def _max_offset(rows: int, inner: int, strides, width: int) -> int:
 def _layout(operands, folded, A: int, B: int, output_widths) -> tuple:
     """``(Layout, strides)``: the static layout of a call and ``(s_a, s_b, s_m)`` per operand."""
     strides = [(f[2], f[3], t.stride(-1)) for t, f in zip(operands, folded)]
-    unit = tuple(s[2] == 1 or t.shape[-1] == 1 for s, t in zip(strides, operands))
+    unit = tuple(bool(s[2] == 1 or t.shape[-1] == 1) for s, t in zip(strides, operands))
     largest = max([_max_offset(A, B, s, t.shape[-1]) for s, t in zip(strides, operands)]
                   + [(A * B + _MAX_BLOCK_R) * w for w in output_widths])
-    return source.Layout(B == 1, unit, largest >= _INT32_LIMIT), strides
+    # bool(): under torch.compile with dynamic shapes these are symbolic, and become guards here
+    return source.Layout(bool(B == 1), unit, bool(largest >= _INT32_LIMIT)), strides
 
 
 def _int_args(layout, strides, R: int, B: int) -> list:
@@ -231,16 +232,15 @@ def accumulate_dC(G, X1, X2, W, rule, rows, strategy=None, traceable=False):
         text, ints = source.coefficient_gradient_source(name, f"dC of a rule with nnz={rule.nnz}, {layout_}",
                                                         names, indices, layout_,
                                                         source.split_strategy(strategy)[0], acc, chunk_size)
-        return build.plain_kernel(text, name, ints)
+        return build.fixed_kernel(text, name, ints, {"BLOCK_R": block_r, "BLOCKS": blocks}, num_warps)
 
-    kernel = build.cached(("dC", rule.key, layout_, strategy, acc, chunk_size), make)
+    kernel = build.cached(("dC", rule.key, layout_, strategy, acc, chunk_size, block_r, blocks, num_warps), make)
     chunks, width = source.coefficient_gradient_plan(rule.nnz, chunk_size)
     programs = triton.cdiv(R, block_r * blocks)
     partial = torch.empty((programs, len(chunks) * width), dtype=accumulation_dtype(X1.dtype), device=X1.device)
     ints = _int_args(layout_, strides, R, B)[:-1]
-    launch.launch(kernel, lambda meta: (len(chunks), programs), operands + [partial] + ints,
-                  {"BLOCK_R": block_r, "BLOCKS": blocks, "num_warps": num_warps, "num_stages": 1},
-                  device=X1.device, traceable=traceable)
+    launch.launch(kernel, lambda meta: (len(chunks), programs), operands + [partial] + ints, device=X1.device,
+                  traceable=traceable)
     size = len(chunks[0])
     sums = partial.sum(0).view(len(chunks), width)[:, :size].reshape(-1)[:rule.nnz]
     return sums.to(X1.dtype)

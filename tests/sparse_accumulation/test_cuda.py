@@ -1,6 +1,7 @@
-"""The public API on CUDA tensors (Triton kernels): values, gradients, layouts, opcheck and torch.compile.
+"""The public API on CUDA tensors (Triton kernels): values, gradients, layouts, opcheck, torch.compile (default
+and reduce-overhead), CUDA graphs, export and AOTInductor, and calls that never synchronise.
 
-Skipped without a CUDA device; run on the lent GPU machine (see benchmarks/RESULTS.md).
+Skipped without a CUDA device; on a GPU machine run ``pytest -m cuda`` (see benchmarks/RESULTS.md).
 """
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 import sparse_accumulation as sa
 from accumulation_helpers import assert_close_to, oracle, random_rule
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 def _problem(generator, dtype, lead=(40, 3), M1=5, M2=4, O=6, nnz=30):
@@ -16,6 +17,13 @@ def _problem(generator, dtype, lead=(40, 3), M1=5, M2=4, O=6, nnz=30):
     X1 = torch.randn(*lead, M1, generator=generator, dtype=torch.float64).to(dtype)
     X2 = torch.randn(*lead, M2, generator=generator, dtype=torch.float64).to(dtype)
     return [t.cuda() for t in (X1, X2, mu, m1, m2, C)], O
+
+
+def _reference(X1, X2, rule, C, W=None):
+    """float64 index_add reference of a rule call, with autograd."""
+    index = [rule.tensor(n, X1.device) for n in ("m1", "m2", "mu")]
+    weights = {} if W is None else {"W": W, "w": rule.tensor("w", X1.device)}
+    return sa.reference.index_add(X1, X2, index[2], rule.output_size, index[0], index[1], C, **weights)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
@@ -45,6 +53,19 @@ def test_gradients_to_second_order(generator):
     assert torch.autograd.gradgradcheck(f, inputs)
 
 
+def test_broadcast_weighted_rule_to_second_order(generator):
+    """Message-passing shapes: X1 [E, F, M1], X2 [E, 1, M2] shared by the channels, W [E, F, paths]."""
+    m1, m2, mu, C = sa.get_cg_transformation_rule(2, 1, 2, dtype=torch.float64, device="cuda")
+    paths = torch.randint(0, 3, (len(C),), generator=generator).cuda()
+    rule = sa.Rule(m1, m2, mu, 5, input_sizes=(5, 3), w=paths, weight_size=3)
+    X1 = torch.randn(4, 3, 5, generator=generator, dtype=torch.float64).cuda().requires_grad_()
+    X2 = torch.randn(4, 1, 3, generator=generator, dtype=torch.float64).cuda().requires_grad_()
+    W = torch.randn(4, 3, 3, generator=generator, dtype=torch.float64).cuda().requires_grad_()
+    C = C.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda *a: sa.accumulate_rule(a[0], a[1], rule, a[3], a[2]), (X1, X2, W, C))
+    assert torch.autograd.gradgradcheck(lambda *a: sa.accumulate_rule(a[0], a[1], rule, a[3], a[2]), (X1, X2, W, C))
+
+
 def test_large_rows_fp32_gradients_match_reference(generator):
     (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float32, lead=(300, 170))
     X1.requires_grad_()
@@ -62,30 +83,101 @@ def test_large_rows_fp32_gradients_match_reference(generator):
 
 def test_opcheck_on_cuda(generator):
     (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float64, lead=(9,))
+    rule = sa.Rule(m1, m2, mu, O, input_sizes=(X1.shape[-1], X2.shape[-1]))
     for permuted in (False, True):
         a = X1.T.contiguous().T if permuted else X1
         for requires_grad in (False, True):
             args = [t.detach().requires_grad_(requires_grad) for t in (a, X2, C)]
-            torch.library.opcheck(torch.ops.sparse_accumulation.accumulate.default,
-                                  (args[0], args[1], args[2], m1, m2, mu, O, "triton"))
             G = torch.randn(9, O, device="cuda", dtype=torch.float64)
+            torch.library.opcheck(torch.ops.sparse_accumulation.accumulate.default,
+                                  (args[0], args[1], None, args[2], rule.key, "triton"))
             torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_backward.default,
-                                  (G, args[0], args[1], args[2], m1, m2, mu, "triton", True, True, True))
+                                  (G, args[0], args[1], None, args[2], rule.key, "triton", True, True, False, True))
+            torch.library.opcheck(torch.ops.sparse_accumulation.accumulate_indexed.default,
+                                  (args[0], args[1], args[2], m1, m2, mu, O, "triton"))
 
 
-def test_compile_fullgraph_on_cuda(generator):
+def test_compile_sees_the_triton_kernels_and_matches_eager(generator):
+    """Under torch.compile the rule ops' Triton launches are traced: inductor's own code launches our kernels."""
+    from torch._inductor.utils import run_and_get_code
+
     torch._dynamo.reset()
-    (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float32, lead=(64,))
+    module = sa.CGCalculatorSingle(3, 2, 4).cuda()
+    X1 = torch.randn(64, 7, device="cuda", requires_grad=True)
+    X2 = torch.randn(64, 5, device="cuda", requires_grad=True)
 
-    def model(a, b):
-        return sa.accumulate(a.sin(), b, mu, O, m1, m2, C).square().sum(-1)
+    def step(a, b):
+        return module(a.sin(), b).square().sum()
 
-    compiled = torch.compile(model, fullgraph=True)
-    X1.requires_grad_()
-    got, expected = compiled(X1, X2), model(X1, X2)
+    compiled = torch.compile(step, fullgraph=True)
+    got, code = run_and_get_code(compiled, X1, X2)
+    assert any("sparse_accumulation_fwd" in c for c in code), "the generated kernel is not in inductor's code"
+    expected = step(X1, X2)
     assert_close_to(got, expected, torch.float32)
-    assert_close_to(torch.autograd.grad(got.sum(), X1)[0], torch.autograd.grad(expected.sum(), X1)[0],
-                    torch.float32)
+    for a, b in zip(torch.autograd.grad(got, (X1, X2)), torch.autograd.grad(expected, (X1, X2))):
+        assert_close_to(a, b, torch.float32)
+
+
+def test_compile_reduce_overhead_forward_and_backward(generator):
+    """mode="reduce-overhead" (CUDA graphs) works for forward and forward+backward, on new values each step."""
+    torch._dynamo.reset()
+    product = sa.ClebschGordanProduct(2, 1, weights=True).cuda()
+
+    def forward(F, Y):
+        return product(F, Y)
+
+    def train_step(F, Y):
+        out = product(F, Y)
+        return torch.autograd.grad(out.square().sum(), (F, Y, product.weight))
+
+    compiled_forward = torch.compile(forward, mode="reduce-overhead", fullgraph=True)
+    compiled_step = torch.compile(train_step, mode="reduce-overhead")
+    for _ in range(4):
+        F = torch.randn(50, 4, product.dim1, generator=generator).cuda().requires_grad_()
+        Y = torch.randn(50, 1, product.dim2, generator=generator).cuda().requires_grad_()
+        assert_close_to(compiled_forward(F, Y), forward(F, Y), torch.float32)
+        for a, b in zip(compiled_step(F, Y), train_step(F, Y)):
+            assert_close_to(a, b, torch.float32)
+
+
+def test_calls_never_synchronise(generator):
+    """Eager forward, forward+backward and double backward through rules, and the compiled step, run with
+    torch.cuda.set_sync_debug_mode("error"): no host-device copy, no synchronisation."""
+    module = sa.CGCalculatorSingle(2, 2, 2).cuda()
+    product = sa.ClebschGordanProduct(1, 1, weights=True).cuda()
+    X1 = torch.randn(100, 5, device="cuda", requires_grad=True)
+    X2 = torch.randn(100, 5, device="cuda", requires_grad=True)
+    F = torch.randn(100, 3, product.dim1, device="cuda", requires_grad=True)
+    compiled = torch.compile(lambda a, b: module(a, b).square().sum(), fullgraph=True)
+
+    def everything():
+        module(X1, X2)
+        module(X1, X2).square().sum().backward()
+        (g,) = torch.autograd.grad(module(X1, X2).square().sum(), X1, create_graph=True)
+        g.square().sum().backward()
+        product(F, F).sum().backward()
+        compiled(X1, X2).backward()
+
+    everything()  # warm-up: kernels compiled and tuned, rules and launch plans made
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        everything()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_export_and_aot_inductor(generator, tmp_path):
+    """torch.export keeps the rule op; AOTInductor compiles the exported program with our kernels and runs it."""
+    module = sa.CGCalculatorSingle(2, 1, 2).cuda()
+    X1 = torch.randn(32, 5, device="cuda")
+    X2 = torch.randn(32, 3, device="cuda")
+    expected = module(X1, X2)
+    program = torch.export.export(module, (X1, X2))
+    assert_close_to(program.module()(X1, X2), expected, torch.float32)
+    package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "model.pt2"))
+    loaded = torch._inductor.aoti_load_package(package)
+    assert_close_to(loaded(X1, X2), expected, torch.float32)
 
 
 def test_runs_on_the_current_stream(generator):
@@ -100,20 +192,21 @@ def test_runs_on_the_current_stream(generator):
 
 
 def test_cuda_graph_replay_of_forward_and_backward(generator):
-    """A forward+backward step captured in a CUDA graph (as docs/implementations advises for small calls)
-    replays the kernels on new input values and matches the float64 reference."""
+    """A forward+backward step captured in a CUDA graph replays the kernels on new input values and matches
+    the float64 reference."""
     (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float32, lead=(500, 2))
+    rule = sa.Rule(m1, m2, mu, O, input_sizes=(X1.shape[-1], X2.shape[-1]))
     X1.requires_grad_()
     X2.requires_grad_()
     G = torch.randn(500, 2, O, device="cuda")
 
     def step():
-        out = sa.accumulate(X1, X2, mu, O, m1, m2, C)
+        out = sa.accumulate_rule(X1, X2, rule, C)
         return (out,) + torch.autograd.grad(out, (X1, X2), G)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (autotuning, rule checks) off the capture, as torch requires
+    with torch.cuda.stream(side):  # warm-up (autotuning, launch plans) off the capture, as torch requires
         for _ in range(2):
             step()
     torch.cuda.current_stream().wait_stream(side)
@@ -126,7 +219,7 @@ def test_cuda_graph_replay_of_forward_and_backward(generator):
     graph.replay()
     torch.cuda.synchronize()
     exact = [t.detach().double().requires_grad_() for t in (X1, X2)]
-    out = sa.reference.index_add(exact[0], exact[1], mu, O, m1, m2, C.double())
+    out = _reference(exact[0], exact[1], rule, C.double())
     expected = (out,) + torch.autograd.grad(out, exact, G.double())
     for got, want in zip(captured, expected):
         assert_close_to(got, want.detach(), torch.float32)

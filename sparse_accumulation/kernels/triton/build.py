@@ -97,6 +97,8 @@ def autotuned_row_kernel(source: str, name: str, ints, pairs, store_flags):
     return triton.autotune(configs=candidates, key=["R_BUCKET"])(fn)
 
 
-def plain_kernel(source: str, name: str, ints):
-    """The generated kernel ``name``, jitted, with its integer arguments not specialised."""
-    return triton.jit(load_function(source, name), do_not_specialize=list(ints))
+def fixed_kernel(source: str, name: str, ints, constexprs: dict, num_warps: int):
+    """The generated kernel ``name`` with one fixed configuration (an autotuner of one configuration, so it is
+    launched like the row kernels and never benchmarked)."""
+    fn = triton.jit(load_function(source, name), do_not_specialize=list(ints))
+    return triton.autotune(configs=[triton.Config(constexprs, num_warps=num_warps, num_stages=1)], key=[])(fn)

@@ -58,20 +58,20 @@ def _hooks_active() -> bool:
     return False
 
 
-def _run_public(kernel, grid, args, kwargs, device):
+def _run_public(kernel, grid, args, device):
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
-            return kernel.run(*args, grid=grid, warmup=False, **kwargs)
-    return kernel.run(*args, grid=grid, warmup=False, **kwargs)
+            return kernel.run(*args, grid=grid, warmup=False)
+    return kernel.run(*args, grid=grid, warmup=False)
 
 
-def _make_plan(kernel, grid, args, kwargs, device):
+def _make_plan(kernel, grid, args, device):
     """Launch through Triton once and keep what a direct launch of the same compiled kernel needs."""
-    compiled = _run_public(kernel, grid, args, kwargs, device)
+    compiled = _run_public(kernel, grid, args, device)
     config = getattr(kernel, "best_config", None)
-    meta = dict(kwargs)
-    if config is not None:
-        meta.update(config.kwargs)
+    if config is None:
+        return None
+    meta = dict(config.kwargs)
     names = getattr(kernel, "arg_names", None)
     if names is None or not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
         return None
@@ -79,24 +79,22 @@ def _make_plan(kernel, grid, args, kwargs, device):
     return _Plan(compiled, constexprs, meta)
 
 
-def launch(kernel, grid, args, kwargs=None, *, device, traceable=False, tuning=None) -> None:
-    """Launch ``kernel`` (a jitted or autotuned generated kernel) on ``grid``.
+def launch(kernel, grid, args, *, device, traceable=False, tuning=None) -> None:
+    """Launch ``kernel`` (a generated kernel behind a ``triton.autotune`` of its configurations) on ``grid``.
 
     Args:
-        kernel: the kernel; its constexpr parameters come last, after ``args``.
+        kernel: the kernel; its constexpr parameters come last, after ``args``, all set by its configurations.
         grid: ``grid(meta) -> (x, y, z)`` from the constexpr values.
         args: the non-constexpr arguments, in order.
-        kwargs: constexpr values not chosen by autotuning.
         device: the device of the tensors.
         traceable: launch through ``torch.library.wrap_triton`` (inside a ``triton_op`` being traced).
         tuning: the value of the autotuning key (part of the fast launch's key).
     """
-    kwargs = kwargs or {}
     if traceable:
-        torch.library.wrap_triton(kernel)[grid](*args, **kwargs)
+        torch.library.wrap_triton(kernel)[grid](*args)
         return
     if not FAST_LAUNCH or device.type != "cuda" or interpreting() or id(kernel) in _unsupported:
-        _run_public(kernel, grid, args, kwargs, device)
+        _run_public(kernel, grid, args, device)
         return
     index = device.index if device.index is not None else torch.cuda.current_device()
     aligned = 0
@@ -107,13 +105,13 @@ def launch(kernel, grid, args, kwargs=None, *, device, traceable=False, tuning=N
         elif not -_INT32 <= a < _INT32:
             fits = False
     if not fits or index != torch.cuda.current_device() or _hooks_active():
-        _run_public(kernel, grid, args, kwargs, device)
+        _run_public(kernel, grid, args, device)
         return
     key = (id(kernel), index, tuning, aligned)
     plan = _plans.get(key)
     if plan is None:
         with _lock:
-            plan = _make_plan(kernel, grid, args, kwargs, device)
+            plan = _make_plan(kernel, grid, args, device)
             if plan is None:
                 _unsupported.add(id(kernel))
             else:
