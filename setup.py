@@ -22,9 +22,12 @@ setup(
         "torch>=2.4",
         "numba>=0.59",
         "triton>=3.0; platform_system == 'Linux'",
+        # progress bars of the command lines; small, pure Python, no dependencies of its own
+        "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7"],
+        "plot": ["matplotlib>=3.7"],  # the charts of `sparse-accumulation bench --output DIR`
+        "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["sparse-accumulation = sparse_accumulation.cli:main"]},
 )

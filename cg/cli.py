@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 from .bases import BASES
 
-__all__ = ["main", "ProgressBar"]
+__all__ = ["main"]
 
 PROG = "python -m cg"
 
@@ -21,33 +21,19 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-class ProgressBar:
-    """Minimal text progress bar, usable as ``progress(done, total)`` callback.
+def _progress(stream, label: str, quiet: bool):
+    """A ``progress(done, total)`` callback drawing a tqdm bar on ``stream``; hidden when ``quiet`` or when
+    ``stream`` is not a terminal. Returns ``(callback, close)``."""
+    from tqdm import tqdm
 
-    Args:
-        stream: text stream to draw on (default ``sys.stderr``).
-        width: number of bar characters.
-        label: text shown before the bar.
-    """
+    bar = tqdm(total=0, desc=label, file=stream, disable=True if quiet else None, dynamic_ncols=True,
+               unit="rule")
 
-    def __init__(self, stream=None, width: int = 30, label: str = ""):
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.label = label
-        self._last = None
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
 
-    def __call__(self, done: int, total: int) -> None:
-        frac = done / total if total else 1.0
-        filled = int(round(frac * self.width))
-        state = (filled, int(100 * frac), done >= total)
-        if state == self._last:  # redraw only when the picture changes
-            return
-        self._last = state
-        bar = "#" * filled + "." * (self.width - filled)
-        self.stream.write(f"\r{self.label}[{bar}] {done}/{total} ({100 * frac:3.0f}%)")
-        if done >= total:
-            self.stream.write("\n")
-        self.stream.flush()
+    return progress, bar.close
 
 
 def _build_parser() -> _Parser:
@@ -72,8 +58,11 @@ def _build_parser() -> _Parser:
 def _cmd_tables(args, out, err) -> int:
     from .tables import CoefficientTable
 
-    progress = None if args.quiet else ProgressBar(err, label=f"{args.basis} lmax={args.lmax} ")
-    table = CoefficientTable.build(args.lmax, basis=args.basis, progress=progress)
+    progress, close = _progress(err, f"{args.basis} lmax={args.lmax}", args.quiet)
+    try:
+        table = CoefficientTable.build(args.lmax, basis=args.basis, progress=progress)
+    finally:
+        close()
     path = args.output if args.output.endswith(".npz") else args.output + ".npz"
     table.save(path)
     print(f"wrote {len(table)} rules ({args.basis}, lmax={args.lmax}) to {path}", file=out)

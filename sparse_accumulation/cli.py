@@ -4,8 +4,9 @@
 * ``check``: self-test of the installed kernels against float64 references;
 * ``tables``: precomputed CG tables, the same as ``python -m cg tables``.
 
-Exit status: 0 on success, 1 when an implementation is wrong or broken, 2 on a usage error (one line on
-stderr, no traceback).
+Exit status: 0 on success, 1 when an implementation gives wrong results or raises when called, 2 on a usage
+error (one line on stderr, no traceback). A timing that cannot run (a compile error) is reported as FAILED in
+its column, with the reason, and does not change the exit status.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def _build_parser() -> _Parser:
                                    "time it (median of repeats). A wrong implementation is reported FAILED "
                                    "and the exit status is 1.")
     b.add_argument("--quick", action="store_true",
-                   help="small rows (100x50), rules 8x8->8 and 2x2->2, 3 repeats: well under a minute")
+                   help="small rows (100x50), rules 8x8->8 and 2x2->2, 3 repeats, the timings without "
+                        "compilation (kernel, call, host): seconds")
     b.add_argument("--l", dest="paths", nargs=3, type=int, action="append", metavar=("L1", "L2", "L"),
                    help="a real CG path l1 x l2 -> L (repeatable; default: 8 8 8, 4 4 4, 2 2 2, 3 2 4, 1 1 2)")
     b.add_argument("--lmax", type=int, help="the paths l x l -> l for l = 1 .. LMAX instead")
@@ -57,16 +59,21 @@ def _build_parser() -> _Parser:
                    help="where to run (default: all available devices)")
     b.add_argument("--implementations", type=_csv, metavar="NAMES",
                    help=f"comma-separated, from {', '.join(bench.IMPLEMENTATIONS)} (default: numba, torch, "
-                        "index_add, dense, sparse on CPU; triton, torch, index_add, dense, e3nn on CUDA)")
+                        "index_add, dense, sparse, elementwise on CPU; triton, torch, index_add, dense, sparse, "
+                        "e3nn, elementwise on CUDA)")
     b.add_argument("--modes", type=_csv, default=["forward", "backward"], metavar="MODES",
                    help="comma-separated: forward, backward (= forward + backward of sum(out * G)); "
                         "default: both")
+    b.add_argument("--timings", type=_csv, metavar="TIMINGS",
+                   help=f"comma-separated, from {', '.join(bench.TIMINGS)} (default: all; with --quick: "
+                        f"{', '.join(bench.EAGER_TIMINGS)}); reduce-overhead runs on CUDA only")
     b.add_argument("--grad-c", action="store_true", help="backward also differentiates the coefficients C")
-    b.add_argument("--repeats", type=int, help="timed calls per measurement (default: 5, quick: 3)")
-    b.add_argument("--warmup", type=int, default=1, help="untimed calls before timing (default: 1)")
+    b.add_argument("--repeats", type=int, help="samples per timing (default: 5, quick: 3)")
+    b.add_argument("--warmup", type=int, default=1, help="untimed calls before each timing (default: 1)")
     b.add_argument("--check-rows", type=int, default=2048,
                    help="rows compared with the float64 reference (0: all; default: 2048)")
-    b.add_argument("--output", "-o", metavar="DIR", help="write bench.json and bench.png into DIR")
+    b.add_argument("--output", "-o", metavar="DIR",
+                   help="write bench.json, and the charts bench.png and bench.svg (with matplotlib), into DIR")
     b.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     c = sub.add_parser("check", help="self-test the installed kernels against float64 references",
@@ -132,34 +139,66 @@ def _cmd_bench(args, argv, out, err) -> int:
         modes = bench.normalize_modes(args.modes)
     except ValueError as error:
         raise _UsageError(f"--modes: {error}") from None
+    try:
+        timings = bench.normalize_timings(args.timings if args.timings is not None else
+                                          bench.EAGER_TIMINGS if args.quick else bench.TIMINGS)
+    except ValueError as error:
+        raise _UsageError(f"--timings: {error}") from None
     if not modes:
         raise _UsageError("--modes needs at least one mode")
+    if not timings:
+        raise _UsageError("--timings needs at least one timing")
     repeats = args.repeats if args.repeats is not None else (3 if args.quick else 5)
     if repeats < 1 or args.warmup < 0 or args.check_rows < 0:
         raise _UsageError("--repeats must be at least 1, --warmup and --check-rows non-negative")
 
     start = time.perf_counter()
-    progress = None if args.quiet else bench.ProgressBar(err)
-    results = bench.run_benchmark(cases, implementations=args.implementations, modes=modes, repeats=repeats,
-                                  warmup=args.warmup, grad_c=args.grad_c, check_rows=args.check_rows,
-                                  progress=progress)
+    results = bench.run_benchmark(cases, implementations=args.implementations, modes=modes, timings=timings,
+                                  repeats=repeats, warmup=args.warmup, grad_c=args.grad_c,
+                                  check_rows=args.check_rows, progress=False if args.quiet else err)
     elapsed = time.perf_counter() - start
-    env = bench.environment()
-    print(f"# torch {env['torch']}, numba {env['numba']}, triton {env['triton']}, {env['cpu_threads']} CPU "
-          f"threads" + (f", {env['cuda_device']}" if "cuda_device" in env else ""), file=out)
-    print(f"# median of {repeats} repeats after {args.warmup} warm-up; vs index_add = index_add time / time; "
-          "GB/s = floor bytes / time; floor = inputs read once + outputs written once", file=out)
+    _print_header(results, timings, repeats, args.warmup, out)
     print(bench.format_table(results), file=out)
-    failed = [r for r in results if r["status"] == "FAILED"]
     if args.output:
         command = " ".join([PROG] + [shlex.quote(a) for a in argv])
         paths = bench.write_results(results, args.output, command=command)
-        print(f"wrote {paths['json']}", file=out)
-        print(f"wrote {paths['png']}" if paths["png"] else "plot skipped: no speed-up to show", file=out)
-    print(f"{len(results)} measurements in {elapsed:.1f} s; "
-          + (f"{len(failed)} FAILED (wrong results are not timed)" if failed else "all results checked"),
-          file=out)
+        for key in ("json", "png", "svg"):
+            if paths[key]:
+                print(f"wrote {paths[key]}", file=out)
+        if paths["note"]:
+            print(paths["note"], file=out)
+    failed = [r for r in results if r["status"] == "FAILED"]
+    failed_timings = sum(e["status"] == "FAILED" for r in results if r["status"] != "FAILED"
+                         for e in r["timings"].values())
+    summary = f"{len(failed)} FAILED (wrong results are not timed)" if failed else "all results checked"
+    if failed_timings:
+        summary += f"; {failed_timings} timing(s) FAILED to run (reasons in the status column)"
+    print(f"{len(results)} measurements in {elapsed:.1f} s; {summary}", file=out)
     return 1 if failed else 0
+
+
+def _print_header(results, timings, repeats: int, warmup: int, out) -> None:
+    """The versions, what the columns mean, the copy bandwidth and the timings that could not run."""
+    from . import bench
+
+    env = bench.environment()
+    print(f"# torch {env['torch']}, numba {env['numba']}, triton {env['triton']}, {env['cpu_threads']} CPU "
+          f"threads" + (f", {env['cuda_device']}" if "cuda_device" in env else ""), file=out)
+    print(f"# medians of {repeats} samples after {warmup} warm-up call(s) per timing. kernel: calls back to "
+          "back, synchronised once; call: one step as in training (inputs requiring grad, synchronised "
+          "around the call); compiled: the same under torch.compile(fullgraph=True); reduce-overhead: "
+          "torch.compile(mode='reduce-overhead'); host: host time per call, not synchronised", file=out)
+    bandwidth = {r["device"]: r["copy_GBps"] for r in results}
+    print("# vs index_add = index_add time / time and GB/s = floor bytes / time, both for the first timing; "
+          "floor ms = (inputs read once + outputs written once) / copy bandwidth ("
+          + ", ".join(f"{device} {gbps:.1f} GB/s" for device, gbps in bandwidth.items()) + ")", file=out)
+    for timing in timings:
+        for device in sorted({r["device"] for r in results}):
+            notes = {e["note"] for r in results if r["device"] == device
+                     for t, e in r["timings"].items() if t == timing and e["status"] == "skipped"}
+            if notes and all(r["timings"].get(timing, {}).get("status") != "ok" for r in results
+                             if r["device"] == device):
+                print(f"# {timing}: skipped on {device} ({'; '.join(sorted(notes))})", file=out)
 
 
 def _cmd_check(args, out, err) -> int:
@@ -169,8 +208,7 @@ def _cmd_check(args, out, err) -> int:
         if name not in backends.KERNELS:
             raise _UsageError(f"--implementations: unknown kernel {name!r}; choose from "
                               f"{', '.join(backends.KERNELS)}")
-    progress = None if args.quiet else bench.ProgressBar(err)
-    results = bench.run_check(args.implementations, _devices(args.device), progress=progress)
+    results = bench.run_check(args.implementations, _devices(args.device), progress=False if args.quiet else err)
     print(bench.format_check(results), file=out)
     failed = [r for r in results if r.status == "FAILED"]
     for r in failed:

@@ -1,9 +1,8 @@
 """The ``sparse-accumulation`` command line (bench, check, tables), called in-process on tiny sizes."""
+import io
 import json
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,8 @@ import torch
 
 import cg
 from sparse_accumulation import backends, bench
+from sparse_accumulation.bench import runner
+from sparse_accumulation.bench.report import PLOT_HINT
 from sparse_accumulation.cli import main
 from sparse_accumulation.kernels import numba_cpu
 
@@ -18,27 +19,39 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--rows", "3", "5", "--repeats", "1", "--warmup", "0", "--quiet", "--device", "cpu"]
 
 
-def _table_rows(text):
-    """The data lines of the bench table as lists of cells."""
+class Terminal(io.StringIO):
+    """A text stream that says it is a terminal, as stderr is when a person runs the command."""
+
+    def isatty(self):
+        return True
+
+
+def _table(text):
+    """The bench table as a list of dicts keyed by the header (status keeps its spaces)."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("------"))
+    head = [cell.strip() for cell in _cells(lines[start - 1], lines[start])]
     rows = []
     for line in lines[start + 1:]:
         if not line[:1].isdigit():
             break
-        rows.append(line.split())
+        rows.append(dict(zip(head, (cell.strip() for cell in _cells(line, lines[start])))))
     return rows
 
 
-def _read_png(path):
+def _cells(line, rule):
+    """Split ``line`` at the column boundaries of the ``----  ---`` rule line (the last cell runs to the end)."""
+    bounds, position = [], 0
+    for dashes in rule.split("  "):
+        bounds.append(position)
+        position += len(dashes) + 2
+    return [line[a:b] for a, b in zip(bounds, bounds[1:] + [None])]
+
+
+def _png_size(path):
     data = Path(path).read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    width, height = struct.unpack(">II", data[16:24])
-    idat = data.index(b"IDAT")
-    length = struct.unpack(">I", data[idat - 4:idat])[0]
-    raw = zlib.decompress(data[idat + 4:idat + 4 + length])
-    assert len(raw) == height * (1 + 3 * width)
-    return width, height
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
 @pytest.fixture
@@ -46,25 +59,29 @@ def wrong_numba(monkeypatch):
     """Make the numba forward kernel return slightly wrong values."""
     original = numba_cpu.accumulate
 
-    def wrong(*args):
-        out = original(*args)
+    def wrong(*args, **kwargs):
+        out = original(*args, **kwargs)
         out.view(-1)[0] += 1.0
         return out
 
     monkeypatch.setattr(numba_cpu, "accumulate", wrong)
 
 
-def test_bench_quick_writes_table_json_and_plot(tmp_path, capsys):
+def test_bench_quick_writes_table_json_and_charts(tmp_path, capsys):
     code = main(["bench", "--quick", "--l", "2", "1", "2", "--l", "1", "1", "1", "--output", str(tmp_path),
-                 "--implementations", "numba,torch,dense,sparse,loops", "--grad-c", *TINY])
+                 "--implementations", "numba,torch,dense,sparse,loops,elementwise", "--grad-c", *TINY])
     captured = capsys.readouterr()
     assert code == 0, captured.out + captured.err
-    rows = _table_rows(captured.out)
-    implementations = ["index_add", "numba", "torch", "dense", "sparse", "loops"]
+    rows = _table(captured.out)
+    implementations = ["index_add", "numba", "torch", "dense", "sparse", "loops", "elementwise"]
     assert len(rows) == 2 * 2 * len(implementations)  # rules x modes x implementations
-    assert {r[4] for r in rows} == set(implementations)
-    assert all(r[-1] == "ok" for r in rows)
-    assert all(r[7] == "1.00x" for r in rows if r[4] == "index_add")
+    assert [r["implementation"] for r in rows[:len(implementations)]] == implementations
+    # --quick: the timings without compilation
+    assert {"kernel ms", "call ms", "host us"} <= set(rows[0]) and "compiled ms" not in rows[0]
+    assert all(r["status"].startswith("ok") for r in rows)
+    assert all(r["vs index_add"] == "1.00x" for r in rows if r["implementation"] == "index_add")
+    assert all(r["vs index_add"] == "-" and r["max rel err"] == "-" for r in rows
+               if r["implementation"] == "elementwise")
     assert "all results checked" in captured.out
 
     saved = json.loads((tmp_path / "bench.json").read_text())
@@ -73,14 +90,32 @@ def test_bench_quick_writes_table_json_and_plot(tmp_path, capsys):
     results = saved["results"]
     assert len(results) == len(rows)
     for r in results:
-        assert r["status"] == "ok" and r["median_ms"] > 0 and r["error"] < 1e-4
-        assert r["GBps"] == pytest.approx(r["floor_bytes"] / r["median_ms"] / 1e6)
+        assert r["status"] == "ok" and set(r["timings"]) == {"kernel", "call", "host"}
+        assert all(t["status"] == "ok" and t["median"] > 0 for t in r["timings"].values())
+        assert r["primary"] == "kernel" and r["median_ms"] == r["timings"]["kernel"]["median"]
+        assert r["floor_ms"] == pytest.approx(r["floor_bytes"] / (r["copy_GBps"] * 1e9) * 1e3)
+        if r["implementation"] != "elementwise":
+            assert r["error"] < 1e-4
+            assert r["GBps"] == pytest.approx(r["floor_bytes"] / r["median_ms"] / 1e6)
     # floor bytes: X1, X2 read and the output written, plus the rule
     forward = next(r for r in results if r["rule"] == "2x1->2" and r["mode"] == "forward")
-    nnz = forward["nnz"]
-    assert forward["floor_bytes"] == 15 * (5 + 3 + 5) * 4 + nnz * (4 + 24)
-    assert _read_png(tmp_path / "bench.png")[1] > 50
-    assert str(tmp_path / "bench.png") in captured.out
+    assert forward["floor_bytes"] == 15 * (5 + 3 + 5) * 4 + forward["nnz"] * (4 + 24)
+    width, height = _png_size(tmp_path / "bench.png")
+    assert width > 400 and height > 300
+    svg = (tmp_path / "bench.svg").read_text()
+    assert "numba" in svg and "floor: bytes / copy bandwidth" in svg and "forward + backward" in svg
+    for name in ("bench.json", "bench.png", "bench.svg"):
+        assert f"wrote {tmp_path / name}" in captured.out
+
+
+def test_bench_without_matplotlib_writes_json_and_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    code = main(["bench", "--l", "1", "1", "1", "--implementations", "numba", "--modes", "fwd",
+                 "--timings", "kernel", "--output", str(tmp_path), *TINY])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert (tmp_path / "bench.json").is_file() and not (tmp_path / "bench.png").exists()
+    assert [line for line in out.splitlines() if "matplotlib" in line and "wrote" not in line] == [PLOT_HINT]
 
 
 def test_bench_refuses_a_wrong_implementation(wrong_numba, tmp_path, capsys):
@@ -88,69 +123,82 @@ def test_bench_refuses_a_wrong_implementation(wrong_numba, tmp_path, capsys):
                  "--output", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 1
-    rows = {r[4]: r for r in _table_rows(captured.out)}
-    assert rows["index_add"][-1] == "ok"
+    rows = {r["implementation"]: r for r in _table(captured.out)}
+    assert rows["index_add"]["status"] == "ok"
     numba_row = rows["numba"]
-    assert "FAILED" in numba_row and numba_row[6] == "-" and numba_row[7] == "-"  # not timed
+    assert numba_row["status"].startswith("FAILED") and "wrong out" in numba_row["status"]
+    assert numba_row["kernel ms"] == "-" and numba_row["vs index_add"] == "-"  # not timed
     assert "1 FAILED" in captured.out
     saved = json.loads((tmp_path / "bench.json").read_text())["results"]
     failed = [r for r in saved if r["status"] == "FAILED"]
     assert [r["implementation"] for r in failed] == ["numba"]
-    assert failed[0]["median_ms"] is None and "wrong out" in failed[0]["note"]
+    assert failed[0]["median_ms"] is None and failed[0]["timings"] == {}
 
 
-def test_bench_reports_a_raising_implementation(monkeypatch):
-    def broken(*args, **kwargs):
-        raise RuntimeError("kernel exploded")
+def test_bench_reports_a_failing_timing_without_failing_the_run(monkeypatch, capsys):
+    def no_compiler(forward, timing):
+        raise RuntimeError("compiler exploded\nsecond line")
 
-    monkeypatch.setattr(numba_cpu, "accumulate_backward", broken)
-    cases = [bench.Case(1, 1, 2, (2, 3), torch.float64, "cpu")]
-    results = bench.run_benchmark(cases, ["numba"], modes=["forward", "backward"], repeats=1, warmup=0)
-    status = {(r["implementation"], r["mode"]): r for r in results}
-    assert status[("numba", "forward")]["status"] == "ok"
-    failed = status[("numba", "backward")]
-    assert failed["status"] == "FAILED" and failed["note"] == "RuntimeError: kernel exploded"
-    assert failed["median_ms"] is None and failed["speedup"] is None
-
-
-def test_bench_checks_e3nn_and_the_coefficient_gradient():
-    pytest.importorskip("e3nn")
-    cases = [bench.Case(2, 1, 3, (2, 3), torch.float32, "cpu")]
-    results = bench.run_benchmark(cases, ["numba", "e3nn"], modes=["backward"], repeats=1, warmup=0,
-                                  grad_c=True)
-    assert [r["status"] for r in results] == ["ok", "ok", "ok"]
-    assert all(r["error"] < 1e-5 for r in results)
-    e3nn_row = next(r for r in results if r["implementation"] == "e3nn")
-    assert "no dC" in e3nn_row["note"]
+    monkeypatch.setattr(runner, "compile_forward", no_compiler)
+    code = main(["bench", "--l", "1", "1", "2", "--implementations", "numba", "--modes", "backward",
+                 "--timings", "kernel,compiled,host", *TINY])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    numba_row = next(r for r in _table(out) if r["implementation"] == "numba")
+    assert numba_row["compiled ms"] == "FAILED" and numba_row["kernel ms"] not in ("-", "FAILED")
+    assert numba_row["status"] == "ok (compiled FAILED: RuntimeError: compiler exploded)"
+    assert "all results checked; 2 timing(s) FAILED to run" in out  # numba and index_add
 
 
-def test_bench_skips_what_cannot_run():
-    cases = [bench.Case(2, 2, 2, (2, 2), torch.float32, "cpu")]
-    results = bench.run_benchmark(cases, ["triton"], modes=["fwd"], repeats=1, warmup=0)
-    triton = next(r for r in results if r["implementation"] == "triton")
-    if not backends.is_available("triton", "cpu"):
-        assert triton["status"] == "skipped" and "not available" in triton["note"]
-    big = [bench.Case(8, 8, 8, (1000, 200), torch.float32, "cpu")]
-    assert bench._unavailable_reason("loops", big[0], "forward", 361) == "too large for the loop reference"
+def test_bench_fails_on_a_wrong_compiled_result(monkeypatch, capsys):
+    def miscompiled(forward, timing):
+        return (lambda X1, X2, C: forward(X1, X2, C) * 1.001), None
+
+    monkeypatch.setattr(runner, "compile_forward", miscompiled)
+    code = main(["bench", "--l", "2", "1", "1", "--implementations", "numba", "--modes", "forward",
+                 "--timings", "kernel,compiled", *TINY])
+    out = capsys.readouterr().out
+    assert code == 1
+    numba_row = next(r for r in _table(out) if r["implementation"] == "numba")
+    assert numba_row["status"].startswith("FAILED (compiled: wrong out")
+    assert numba_row["compiled ms"] == "FAILED"
 
 
-def test_standard_cases():
-    cases = bench.standard_cases(devices=["cpu"])
-    assert [c.rule_name for c in cases] == ["8x8->8", "4x4->4", "2x2->2", "3x2->4", "1x1->2"]
-    assert all(c.rows == (1000, 200) and c.dtype == torch.float32 for c in cases)
-    quick = bench.standard_cases(quick=True, devices=["cpu"], dtypes=[torch.float64])
-    assert quick and all(c.n_rows <= 10_000 and c.dtype == torch.float64 for c in quick)
+@pytest.mark.slow
+def test_bench_compiled_timing_checks_and_times_the_compiled_step(capsys):
+    code = main(["bench", "--l", "1", "1", "2", "--implementations", "numba", "--modes", "fwd+bwd",
+                 "--timings", "compiled", "--grad-c", *TINY])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    numba_row = next(r for r in _table(out) if r["implementation"] == "numba")
+    assert numba_row["status"] == "ok" and float(numba_row["compiled ms"]) > 0
+    assert float(numba_row["max rel err"]) < 1e-5
 
 
-def test_check_passes(capsys):
+def test_bench_progress_bar_only_on_a_terminal(monkeypatch, capsys):
+    argv = ["bench", "--l", "1", "1", "1", "--implementations", "numba", "--modes", "fwd", "--timings",
+            "kernel", "--rows", "2", "2", "--repeats", "1", "--device", "cpu"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""  # stderr is not a terminal here
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(argv) == 0
+    assert "2/2" in terminal.getvalue()  # numba and the index_add baseline
+    terminal.truncate(0)
+    assert main(argv + ["-q"]) == 0
+    assert terminal.getvalue() == ""
+
+
+def test_check_passes(capsys, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     assert main(["check", "--device", "cpu", "--implementations", "numba,torch,triton"]) == 0
-    captured = capsys.readouterr()
-    lines = captured.out.splitlines()
+    lines = capsys.readouterr().out.splitlines()
     assert any(line.split()[:3] == ["numba", "cpu", "OK"] for line in lines)
     assert any(line.split()[:3] == ["torch", "cpu", "OK"] for line in lines)
     assert any(line.split()[:2] == ["triton", "cpu"] for line in lines)
     assert any(line.split()[:3] == ["auto", "cpu", "->"] for line in lines)
-    assert "3/3" in captured.err  # progress bar
+    assert "3/3" in terminal.getvalue()  # progress bar
 
 
 def test_check_fails_on_wrong_values(wrong_numba, capsys):
@@ -201,6 +249,8 @@ def test_tables_writes_a_loadable_table(tmp_path, capsys):
     ["bench", "--rows", "3"],
     ["bench", "--implementations", "numba,fastest"],
     ["bench", "--modes", "sideways"],
+    ["bench", "--timings", "kernel,eventually"],
+    ["bench", "--timings", ","],
     ["bench", "--repeats", "0"],
     ["bench", "--repeats", "many"],
     ["check", "--implementations", "index_add"],
@@ -225,11 +275,3 @@ def test_module_help_in_a_subprocess():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "bench" in result.stdout and "check" in result.stdout and "tables" in result.stdout
-
-
-def test_png_writer_draws_bars(tmp_path):
-    results = [{"rule": "2x2->2", "device": "cpu", "dtype": "float32", "mode": m, "implementation": i,
-                "speedup": s} for m, i, s in [("forward", "numba", 12.5), ("backward", "torch", 0.3)]]
-    bench.write_png(tmp_path / "x.png", results)
-    width, height = _read_png(tmp_path / "x.png")
-    assert width > 500 and height > 50

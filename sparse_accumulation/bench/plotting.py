@@ -1,0 +1,173 @@
+"""Charts of benchmark times with matplotlib (the optional extra ``plot``), imported only when plotting.
+
+:func:`plot_times` draws any list of measurements (``bench``, ``benchmarks/*.py``); :func:`plot_results` the
+results of :func:`~sparse_accumulation.bench.run_benchmark`. Figures are drawn on matplotlib's Agg canvas
+without pyplot, so plotting neither needs a display nor changes the backend of the calling program.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional, Sequence
+
+from .cases import FLOOR, MODES
+from .timing import TIMINGS
+
+__all__ = ["plot_times", "plot_results", "records_from_results"]
+
+_MODE_TITLES = {"forward": "forward", "backward": "forward + backward"}
+_TIMING_TITLES = {"kernel": "kernel (calls back to back)", "call": "call (one training step)",
+                  "compiled": "compiled (fullgraph)", "reduce-overhead": "reduce-overhead (CUDA graphs)",
+                  "host": "host time per call"}
+_FLOOR_LABEL = "floor: bytes / copy bandwidth"
+
+
+def _matplotlib():
+    """``(Figure, FigureCanvasAgg)``; ImportError with the install command when matplotlib is missing."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise ImportError('plotting needs matplotlib: pip install "sparse-accumulation[plot]"',
+                          name="matplotlib") from error
+    return Figure, FigureCanvasAgg
+
+
+def _ordered(values: Iterable) -> list:
+    return list(dict.fromkeys(values))
+
+
+def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Sequence[str] = ("png", "svg"),
+               ylabel: str = "ms per call") -> list:
+    """Bar charts of times per case and implementation on a log scale, with the floor of each case as a line.
+
+    One column of panels per mode (forward, forward + backward), one row per timing; in each panel a group
+    of bars per case, one bar per implementation (the same color in every panel), and the case's floor drawn
+    as a dashed line across its group.
+
+    Args:
+        records: dicts with ``"case"`` (the group label), ``"implementation"``, ``"mode"`` (``"forward"`` or
+            ``"backward"``), ``"ms"`` (``None``: no bar) and optionally ``"floor_ms"`` and ``"timing"`` (the
+            panel row; rows follow :data:`~sparse_accumulation.bench.TIMINGS` order, then first appearance).
+        output: path without suffix; ``output.png`` and ``output.svg`` are written (see ``formats``).
+        title: figure title.
+        formats: file suffixes understood by matplotlib.
+        ylabel: the y axis label (after the timing's name).
+
+    Returns:
+        The paths written; ``[]`` (nothing written) when no record has a time.
+
+    Raises:
+        ImportError: when matplotlib is not installed (``name="matplotlib"``).
+    """
+    records = [r for r in records if r.get("ms") is not None and r["ms"] > 0 or r.get("floor_ms")]
+    if not any(r.get("ms") for r in records):
+        return []
+    Figure, FigureCanvasAgg = _matplotlib()
+    modes = [m for m in MODES if any(r["mode"] == m for r in records)]
+    found = _ordered(r.get("timing", "") for r in records)
+    timings = [t for t in TIMINGS if t in found] + [t for t in found if t not in TIMINGS]
+    cases = _ordered(r["case"] for r in records)
+    implementations = _ordered(r["implementation"] for r in records if r.get("ms"))
+    colors = {name: f"C{i % 10}" for i, name in enumerate(implementations)}
+    group, width = 0.84, 0.84 / max(1, len(implementations))
+
+    panel_width = max(3.2, 0.9 + len(cases) * (0.16 * len(implementations) + 0.35))
+    figure = Figure(figsize=(len(modes) * panel_width + 1.0, 1.6 + 2.7 * len(timings)), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(timings), len(modes), sharey=True, squeeze=False)
+    values = [r[k] for r in records for k in ("ms", "floor_ms") if r.get(k)]
+    low, high = min(values), max(values)
+    for row, timing in enumerate(timings):
+        for column, mode in enumerate(modes):
+            ax = axes[row][column]
+            selected = [r for r in records if r["mode"] == mode and r.get("timing", "") == timing]
+            for i, case in enumerate(cases):
+                in_case = {r["implementation"]: r for r in selected if r["case"] == case}
+                for j, name in enumerate(implementations):
+                    r = in_case.get(name)
+                    if r is not None and r.get("ms"):
+                        x = i + (j - (len(implementations) - 1) / 2) * width
+                        ax.bar(x, r["ms"], width=width * 0.92, color=colors[name], label=name, zorder=2)
+                floors = [r["floor_ms"] for r in in_case.values() if r.get("floor_ms")]
+                if floors:
+                    ax.hlines(floors[0], i - group / 2 - 0.04, i + group / 2 + 0.04, colors="black",
+                              linestyles="dashed", linewidth=1.6, label=_FLOOR_LABEL, zorder=3)
+            ax.set_yscale("log")
+            ax.set_ylim(low / 2, high * 2)
+            ax.set_xticks(range(len(cases)), cases)
+            ax.set_xlim(-0.6, len(cases) - 0.4)
+            ax.grid(axis="y", which="major", color="0.85", zorder=0)
+            ax.grid(axis="y", which="minor", color="0.94", zorder=0)
+            if row == 0:
+                ax.set_title(_MODE_TITLES.get(mode, mode))
+            if column == 0:
+                ax.set_ylabel(f"{_TIMING_TITLES.get(timing, timing)}\n{ylabel}" if timing else ylabel)
+    handles = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    order = [name for name in implementations if name in handles] + \
+        ([_FLOOR_LABEL] if _FLOOR_LABEL in handles else [])
+    figure.legend([handles[label] for label in order], order, loc="outside lower center", frameon=False,
+                  ncols=min(len(order), 4))
+    if title:
+        figure.suptitle(title)
+    os.makedirs(os.path.dirname(os.path.abspath(str(output))), exist_ok=True)
+    import matplotlib
+
+    paths = []
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: searchable, smaller
+        for suffix in formats:
+            path = f"{output}.{suffix}"
+            figure.savefig(path, dpi=120)
+            paths.append(path)
+    return paths
+
+
+def _case_label(r: dict, varying: set) -> str:
+    parts = [r["rule"]]
+    if "rows" in varying:
+        parts.append("x".join(map(str, r["rows"])))
+    parts += [r[key] for key in ("dtype", "device") if key in varying]
+    return "\n".join(parts)
+
+
+def records_from_results(results: Sequence[dict], timings: Optional[Sequence[str]] = None) -> list:
+    """:func:`plot_times` records from :func:`~sparse_accumulation.bench.run_benchmark` results.
+
+    Every timing measured (``host`` converted from us to ms) becomes a row of panels, unless ``timings``
+    selects some; the case label is the rule, plus rows, dtype and device where they vary. Failed and skipped
+    measurements get no bar; the host-overhead floor (``elementwise``) is kept as a bar.
+    """
+    varying = {key for key in ("rows", "dtype", "device") if len({str(r[key]) for r in results}) > 1}
+    records = []
+    for r in results:
+        if r["status"] != "ok":
+            continue
+        for timing, entry in r.get("timings", {}).items():
+            if timings is not None and timing not in timings or entry["status"] != "ok":
+                continue
+            scale = 1e-3 if entry["unit"] == "us" else 1.0
+            records.append({"case": _case_label(r, varying), "implementation": r["implementation"],
+                            "mode": r["mode"], "timing": timing, "ms": entry["median"] * scale,
+                            "floor_ms": None if r["implementation"] == FLOOR else r.get("floor_ms")})
+        if not r.get("timings") and r.get("median_ms"):  # results written before timings existed
+            records.append({"case": _case_label(r, varying), "implementation": r["implementation"],
+                            "mode": r["mode"], "ms": r["median_ms"], "floor_ms": r.get("floor_ms")})
+    return records
+
+
+def plot_results(results: Sequence[dict], output, *, timings: Optional[Sequence[str]] = None,
+                 title: Optional[str] = None, formats: Sequence[str] = ("png", "svg")) -> list:
+    """Chart of :func:`~sparse_accumulation.bench.run_benchmark` results: ``output.png`` and ``output.svg``.
+
+    Returns the paths written (``[]`` when nothing was measured). Raises ImportError without matplotlib.
+    """
+    records = records_from_results(results, timings)
+    if title is None:
+        devices = ", ".join(_ordered(r["device"] for r in results))
+        dtypes = ", ".join(_ordered(r["dtype"] for r in results))
+        rows = ", ".join(_ordered("x".join(map(str, r["rows"])) for r in results))
+        title = f"sparse-accumulation bench: {devices}, {dtypes}, rows {rows} (median, log scale)"
+    return plot_times(records, output, title=title, formats=formats)
+
