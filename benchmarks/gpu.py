@@ -1,7 +1,8 @@
 """GPU benchmark of the Triton kernels against references, one self-contained script.
 
-    python benchmarks/gpu.py --json results.json                 # on a CUDA machine (~ a few minutes)
-    TRITON_INTERPRET=1 python benchmarks/gpu.py --small --json x  # smoke test on CPU (tiny rows)
+    python benchmarks/gpu.py --json results.json --plot results   # on a CUDA machine (minutes: split with --cases)
+    TRITON_INTERPRET=1 python benchmarks/gpu.py --small --json x   # smoke test on CPU (tiny rows)
+    python benchmarks/gpu.py --replot benchmarks/gpu_h200.json --plot benchmarks/gpu_h200   # charts only
 
 For each case (real CG rule l1 x l2 -> L, rows = A x B in the ``[A, B, M]`` layout, i.e. X ``[A*B, M]``
 contiguous) it prints the correctness of every timed implementation against ``index_add`` and times (median,
@@ -15,8 +16,16 @@ contiguous) it prints the correctness of every timed implementation against ``in
 * references: torch ``index_add``, dense matmul over the outer product (may not fit: n/a), e3nn ``uuu``
   TensorProduct when e3nn is importable (its own coefficients and basis: timed, not checked).
 
+Then what a user sees (``--timings``, ``--user-implementations``), measured by ``sparse_accumulation.bench``
+as ``sparse-accumulation bench`` does, each result checked first: per implementation, forward and
+forward+backward, "kernel" (calls back to back, synchronised once), "call" (CUDA events around one call,
+inputs requiring grad, gradients reset each step), "compiled" (``torch.compile(fullgraph=True)``),
+"reduce-overhead" (CUDA graphs) and "host" (host microseconds per call), beside plain torch ``sin(a * b)``
+(``elementwise``) as the host-overhead floor. A timing that fails (a compile error) is reported with its reason.
+
 The floor of a case is its bytes (every input read once, every output written once) over the measured
-device-to-device copy bandwidth (read + write bytes). A final table and a JSON file (``--json``) hold it all.
+device-to-device copy bandwidth (read + write bytes). Final tables, a JSON file (``--json``) and charts
+(``--plot``) hold it all.
 """
 from __future__ import annotations
 
@@ -34,15 +43,21 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sparse_accumulation.kernels import triton_gpu  # noqa: E402
-from sparse_accumulation.rules import prepare_rule  # noqa: E402
+import sparse_accumulation  # noqa: E402
+from sparse_accumulation import bench as user_bench  # noqa: E402
 
-try:
-    import sparse_accumulation as _public
+try:  # the kernels alone, by load/store strategy: internal names, absent when the kernels are reorganised
+    from sparse_accumulation.kernels import triton_gpu
+    from sparse_accumulation.rules import prepare_rule
 
-    _PUBLIC = getattr(_public, "accumulate", None)
-except Exception:  # pragma: no cover - depends on the checkout
-    _PUBLIC = None
+    STRATEGIES = tuple(triton_gpu.STRATEGIES)
+    KERNELS_NOTE = ""
+except Exception as _error:  # noqa: BLE001 - reported in the log, the rest of the script runs
+    triton_gpu = prepare_rule = None
+    STRATEGIES = ()
+    KERNELS_NOTE = f"kernel strategies not measured ({type(_error).__name__}: {_error})"
+
+_PUBLIC = sparse_accumulation.accumulate
 
 CASES = [
     # name, l1, l2, L, A, B, dtype
@@ -170,7 +185,7 @@ def make_implementations(rule, rule_t, dtype, device, A, B, M1, M2, O):
     m1, m2, mu = (t.to(device) for t in rule_t)
     impls = {}
 
-    for strategy in triton_gpu.STRATEGIES:
+    for strategy in STRATEGIES:
         impls[f"ours_{strategy}"] = (
             lambda X1, X2, C, s=strategy: triton_gpu.accumulate(X1, X2, C, rule, O, strategy=s), None)
 
@@ -212,14 +227,15 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
     R = A * B
     (m1_np, m2_np, mu_np, C_np), rule_source = get_rule(l1, l2, L)
     rule_t = tuple(torch.as_tensor(a) for a in (m1_np, m2_np, mu_np))
-    rule = prepare_rule(*rule_t, M1, M2, O)
+    rule = prepare_rule(*rule_t, M1, M2, O) if prepare_rule is not None else None
     elt = torch.tensor([], dtype=dtype).element_size()
     fwd_bytes = R * (M1 + M2 + O) * elt
     bwd_bytes = fwd_bytes + R * (O + M1 + M2 + M1 + M2) * elt
+    nnz = len(m1_np)
     result = {"case": name, "l": [l1, l2, L], "rows": [A, B], "dtype": str(dtype).replace("torch.", ""),
-              "nnz": rule.nnz, "rule": rule_source, "floor_fwd_ms": fwd_bytes / copy_bw * 1e3,
+              "nnz": nnz, "rule": rule_source, "floor_fwd_ms": fwd_bytes / copy_bw * 1e3,
               "floor_fwdbwd_ms": bwd_bytes / copy_bw * 1e3, "errors": {}, "ms": {}, "notes": []}
-    log(f"\n== {name}: rows {A}x{B}, {result['dtype']}, nnz {rule.nnz}, rule from {rule_source}")
+    log(f"\n== {name}: rows {A}x{B}, {result['dtype']}, nnz {nnz}, rule from {rule_source}")
 
     C = torch.as_tensor(C_np, dtype=dtype, device=device)
 
@@ -251,38 +267,25 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
     # forward + backward, ours
     m1_d, m2_d, mu_d = (t.to(device) for t in rule_t)
     Cg = C.clone().requires_grad_(True)
-    if _PUBLIC is not None:
-        result["notes"].append("fwd+bwd through sparse_accumulation.accumulate(implementation='triton')")
+    result["notes"].append("fwd+bwd through sparse_accumulation.accumulate(implementation='triton')")
 
-        def ours_fwdbwd(X1, X2, G):
-            X1, X2 = fresh_leaves(X1, X2)
-            out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
-                          implementation="triton")
-            return torch.autograd.grad(out, (X1, X2), G.view(A, B, O))
+    def ours_fwdbwd(X1, X2, G):
+        X1, X2 = fresh_leaves(X1, X2)
+        out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
+                      implementation="triton")
+        return torch.autograd.grad(out, (X1, X2), G.view(A, B, O))
 
-        def ours_fwdbwd_C(X1, X2, G):
-            X1, X2 = fresh_leaves(X1, X2)
-            out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, Cg,
-                          implementation="triton")
-            return torch.autograd.grad(out, (X1, X2, Cg), G.view(A, B, O))
+    def ours_fwdbwd_C(X1, X2, G):
+        X1, X2 = fresh_leaves(X1, X2)
+        out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, Cg,
+                      implementation="triton")
+        return torch.autograd.grad(out, (X1, X2, Cg), G.view(A, B, O))
 
-        def ours_double(X1, X2, G):
-            X1, X2 = fresh_leaves(X1, X2)
-            out = _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C,
-                          implementation="triton")
-            d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(A, B, O), create_graph=True)
-            return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
-    else:
-        result["notes"].append("fwd+bwd composed from the kernels (public API not importable); "
-                               "no double backward")
-        rule1, rule2 = rule.swapped("X1"), rule.swapped("X2")
-
-        def ours_fwdbwd(X1, X2, G):
-            triton_gpu.accumulate(X1, X2, C, rule, O)
-            return (triton_gpu.accumulate(G, X2, C, rule1, M1), triton_gpu.accumulate(X1, G, C, rule2, M2),
-                    triton_gpu.accumulate_dC(G, X1, X2, rule))
-
-        ours_double = ours_fwdbwd_C = None
+    def ours_double(X1, X2, G, rows=(A, B)):
+        X1, X2 = fresh_leaves(X1, X2)
+        out = _PUBLIC(X1.view(*rows, M1), X2.view(*rows, M2), mu_d, O, m1_d, m2_d, C, implementation="triton")
+        d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(*rows, O), create_graph=True)
+        return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
 
     def ref_fwdbwd(fwd):
         def run(X1, X2, G):
@@ -298,8 +301,6 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
     for impl, fn in (("index_add", ref_fwdbwd(impls["index_add"][0])), ("ours", ours_fwdbwd),
                      ("dense", ref_fwdbwd(impls["dense"][0])), ("index_addC", index_add_fwdbwd_C),
                      ("oursC", ours_fwdbwd_C)):
-        if fn is None or (impl == "index_addC" and ours_fwdbwd_C is None):
-            continue
         try:
             grads = fn(X1, X2, G)
             if impl.startswith("index_add"):
@@ -318,47 +319,37 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
         log(f"  {impl:14s} fwd+bwd  rel.err {result['errors'].get(f'{impl}_fwdbwd', 0.0):.2e}  "
             f"{fmt(result['ms'][f'{impl}_fwdbwd'])} ms")
 
-    if _PUBLIC is not None:
-        def ours_public_fwd(X1, X2):
-            return _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C, implementation="triton")
+    def ours_public_fwd(X1, X2):
+        return _PUBLIC(X1.view(A, B, M1), X2.view(A, B, M2), mu_d, O, m1_d, m2_d, C, implementation="triton")
 
-        timings = [("ours_public_fwd", bench, lambda: ours_public_fwd(*inputs.next()[:2]))]
-        if device.type == "cuda":
-            timings += [("ours_public_fwd_graph", bench_graph, lambda: ours_public_fwd(*inputs.next()[:2])),
-                        ("ours_fwdbwd_graph", bench_graph, lambda: ours_fwdbwd(*inputs.next()))]
-        for key, timer, fn in timings:
-            try:
-                result["ms"][key] = timer(fn, device)
-            except Exception as error:
-                note_failure(result, key, error)
-                result["ms"][key] = None
-            log(f"  {key:22s} {fmt(result['ms'][key])} ms")
-
-    if ours_double is not None:
+    timings = [("ours_public_fwd", bench, lambda: ours_public_fwd(*inputs.next()[:2]))]
+    if device.type == "cuda":
+        timings += [("ours_public_fwd_graph", bench_graph, lambda: ours_public_fwd(*inputs.next()[:2])),
+                    ("ours_fwdbwd_graph", bench_graph, lambda: ours_fwdbwd(*inputs.next()))]
+    for key, timer, fn in timings:
         try:
-            def index_add_double(X1, X2, G):
-                X1, X2 = fresh_leaves(X1, X2)
-                out = impls["index_add"][0](X1, X2, C)
-                d1, d2 = torch.autograd.grad(out, (X1, X2), G, create_graph=True)
-                return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
-            # checked on a slice (the index_add double backward is memory hungry)
-            Xs = [t[:20000].contiguous() for t in (X1, X2, G)]
-            A_s, B_s = 1, Xs[0].shape[0]
-
-            def ours_double_small(X1, X2, G):
-                X1, X2 = fresh_leaves(X1, X2)
-                out = _PUBLIC(X1.view(A_s, B_s, M1), X2.view(A_s, B_s, M2), mu_d, O, m1_d, m2_d, C,
-                              implementation="triton")
-                d1, d2 = torch.autograd.grad(out, (X1, X2), G.view(A_s, B_s, O), create_graph=True)
-                return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
-            got, want = ours_double_small(*Xs), index_add_double(*Xs)
-            result["errors"]["ours_double"] = max(rel_error(a, b) for a, b in zip(got, want))
-            result["ms"]["ours_double"] = bench(lambda: ours_double(*inputs.next()), device, 100.0)
+            result["ms"][key] = timer(fn, device)
         except Exception as error:
-            note_failure(result, "double backward", error)
-            result["ms"]["ours_double"] = None
-        log(f"  ours double bwd  rel.err {result['errors'].get('ours_double', float('nan')):.2e}  "
-            f"{fmt(result['ms'].get('ours_double'))} ms")
+            note_failure(result, key, error)
+            result["ms"][key] = None
+        log(f"  {key:22s} {fmt(result['ms'][key])} ms")
+
+    try:
+        def index_add_double(X1, X2, G):
+            X1, X2 = fresh_leaves(X1, X2)
+            out = impls["index_add"][0](X1, X2, C)
+            d1, d2 = torch.autograd.grad(out, (X1, X2), G, create_graph=True)
+            return torch.autograd.grad((d1 * X1).sum() + (d2 * X2).sum(), (X1, X2))
+        # checked on a slice (the index_add double backward is memory hungry)
+        Xs = [t[:20000].contiguous() for t in (X1, X2, G)]
+        got, want = ours_double(*Xs, rows=(1, Xs[0].shape[0])), index_add_double(*Xs)
+        result["errors"]["ours_double"] = max(rel_error(a, b) for a, b in zip(got, want))
+        result["ms"]["ours_double"] = bench(lambda: ours_double(*inputs.next()), device, 100.0)
+    except Exception as error:
+        note_failure(result, "double backward", error)
+        result["ms"]["ours_double"] = None
+    log(f"  ours double bwd  rel.err {result['errors'].get('ours_double', float('nan')):.2e}  "
+        f"{fmt(result['ms'].get('ours_double'))} ms")
 
     # e3nn
     if not args.no_e3nn:
@@ -383,7 +374,8 @@ def run_case(name, l1, l2, L, A, B, dtype, device, copy_bw, args):
             del tp
 
     # GPU time of what the public API runs (graph replay), else the default strategy's kernel alone
-    fwd = result["ms"].get("ours_public_fwd_graph") or result["ms"].get(f"ours_{triton_gpu.STRATEGY}_fwd")
+    default_strategy = getattr(triton_gpu, "STRATEGY", None)
+    fwd = result["ms"].get("ours_public_fwd_graph") or result["ms"].get(f"ours_{default_strategy}_fwd")
     result["copy_bw_fraction_fwd"] = result["floor_fwd_ms"] / fwd if fwd else None
     fb = result["ms"].get("ours_fwdbwd_graph") or result["ms"].get("ours_fwdbwd")
     result["copy_bw_fraction_fwdbwd"] = result["floor_fwdbwd_ms"] / fb if fb else None
@@ -437,7 +429,7 @@ def fmt(v, digits=3):
 
 
 def table(results):
-    head = ["case", "floor fwd/bwd"] + [f"{s} fwd" for s in triton_gpu.STRATEGIES] + [
+    head = ["case", "floor fwd/bwd"] + [f"{s} fwd" for s in STRATEGIES] + [
             "public fwd eager/graph", "fwd+bwd eager/graph", "+dC", "double bwd",
             "index_add fwd/bwd", "dense fwd/bwd", "e3nn fwd/bwd", "%copy fwd/bwd"]
     rows = []
@@ -446,7 +438,7 @@ def table(results):
         pct = "/".join("n/a" if x is None else f"{100 * x:.0f}%"
                        for x in (r["copy_bw_fraction_fwd"], r["copy_bw_fraction_fwdbwd"]))
         rows.append([r["case"], f"{fmt(r['floor_fwd_ms'])}/{fmt(r['floor_fwdbwd_ms'])}"]
-                    + [fmt(ms.get(f"ours_{s}_fwd")) for s in triton_gpu.STRATEGIES]
+                    + [fmt(ms.get(f"ours_{s}_fwd")) for s in STRATEGIES]
                     + [f"{fmt(ms.get('ours_public_fwd'))}/{fmt(ms.get('ours_public_fwd_graph'))}",
                        f"{fmt(ms.get('ours_fwdbwd'))}/{fmt(ms.get('ours_fwdbwd_graph'))}",
                      fmt(ms.get("oursC_fwdbwd")), fmt(ms.get("ours_double")),
@@ -459,15 +451,59 @@ def table(results):
     return "\n".join(lines)
 
 
+def user_view(l1, l2, L, A, B, dtype, device, args) -> list:
+    """What a user sees, measured by ``sparse_accumulation.bench``: per implementation and mode (forward,
+    forward+backward), the timings kernel, call, compiled, reduce-overhead and host, each result checked
+    against float64 index_add first (see ``sparse-accumulation bench``)."""
+    case = user_bench.Case(l1, l2, L, (A, B), dtype, device.type)
+    results = user_bench.run_benchmark([case], args.user_implementations, timings=args.timings,
+                                       repeats=args.repeats, warmup=2, progress=True)
+    log(user_bench.format_table(results))
+    return results
+
+
+def write_charts(data: dict, stem: str) -> list:
+    """``stem.png`` / ``.svg`` from the kernel-level results, ``stem_user.png`` / ``.svg`` from the user view."""
+    from plots import gpu_records
+
+    paths = user_bench.plot_times(
+        gpu_records(data), stem, title=f"benchmarks/gpu.py on {data['device']} (torch {data['torch']}, Triton "
+                                       f"{data['triton']}); floor at {data['copy_bandwidth_Bps'] / 1e12:.2f} TB/s")
+    user = [r for result in data["results"] for r in result.get("user", [])]
+    if user:
+        paths += user_bench.plot_results(user, f"{stem}_user",
+                                         title=f"what a user sees: sparse_accumulation.bench on {data['device']} "
+                                               f"(torch {data['torch']}, Triton {data['triton']})")
+    return paths
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", metavar="STEM", help="write the charts STEM.png/.svg (kernels, references) and "
+                                                       "STEM_user.png/.svg (the user view); needs matplotlib")
+    parser.add_argument("--replot", metavar="JSON", help="only draw the charts of a recorded --json file (with --plot)")
+    parser.add_argument("--timings", type=lambda text: user_bench.normalize_timings(text.split(",") if text != "none"
+                                                                                     else []),
+                        default=user_bench.TIMINGS,
+                        help=f"timings of the user view, comma-separated from {', '.join(user_bench.TIMINGS)}, "
+                             "or none to skip it (default: all)")
+    parser.add_argument("--user-implementations", type=lambda text: text.split(","), default=["triton", "elementwise"],
+                        help="implementations of the user view (default: triton,elementwise; index_add is always "
+                             "added as the baseline); e.g. triton,elementwise,e3nn,dense")
+    parser.add_argument("--repeats", type=int, default=20, help="samples per timing of the user view (default: 20)")
     parser.add_argument("--small", action="store_true", help="tiny rows (a CPU smoke test under TRITON_INTERPRET=1)")
     parser.add_argument("--cases", help="comma-separated case names to run (default: all)")
     parser.add_argument("--no-e3nn", action="store_true", help="skip e3nn")
     parser.add_argument("--profile", action="store_true",
                         help="also profile the host (Python) side of 2x2->2 forward+backward on 1000 rows")
     args = parser.parse_args(argv)
+    if args.replot:
+        if not args.plot:
+            parser.error("--replot needs --plot STEM")
+        with open(args.replot, encoding="utf-8") as f:
+            log("\n".join(f"wrote {path}" for path in write_charts(json.load(f), args.plot)))
+        return
 
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
                           else "cpu")
@@ -477,8 +513,8 @@ def main(argv=None):
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (triton interpreter)"
     copy_bw = copy_bandwidth(device, args.small)
     log(f"device: {name}; torch {torch.__version__}; copy bandwidth {copy_bw / 1e12:.3f} TB/s (read+write)")
-    log(f"strategies: {triton_gpu.STRATEGIES}; autotune {triton_gpu.AUTOTUNE}; "
-        f"public API: {'yes' if _PUBLIC is not None else 'no'}")
+    log(f"strategies: {STRATEGIES or KERNELS_NOTE}; autotune {getattr(triton_gpu, 'AUTOTUNE', None)}; "
+        f"{KERNELS_NOTE}")
     cases = CASES
     if args.cases:
         wanted = set(args.cases.split(","))
@@ -488,6 +524,9 @@ def main(argv=None):
         if args.small:
             A, B = 3, 7
         results.append(run_case(case_name, l1, l2, L, A, B, dtype, device, copy_bw, args))
+        if args.timings:
+            log(f"\n== {case_name}: what a user sees")
+            results[-1]["user"] = user_view(l1, l2, L, A, B, dtype, device, args)
     elapsed = time.perf_counter() - start
     log(f"\nms, median (floor = bytes / copy bandwidth; <strategy> fwd: the kernel alone; eager: the public API "
         f"as called from Python; graph: the same replayed from a CUDA graph, i.e. GPU time without launch "
@@ -496,14 +535,25 @@ def main(argv=None):
     for r in results:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["errors"].items())
         log(f"{r['case']}: rel.err vs index_add: {errs}; rule: {r['rule'][:60]}; notes: {'; '.join(r['notes'])}")
+    user = [r for result in results for r in result.get("user", [])]
+    if user:
+        log("\nWhat a user sees (sparse_accumulation.bench; kernel: calls back to back, synchronised once; call: "
+            "CUDA events around one training-step call, inputs requiring grad; compiled: torch.compile("
+            "fullgraph=True); reduce-overhead: CUDA graphs; host: host us per call without synchronising; "
+            "elementwise: plain torch sin(a * b) of the output's size, the host-overhead floor)")
+        log(user_bench.format_table(user))
     if args.profile:
         profile_host_overhead(device)
-    if args.json:
-        import triton
+    import triton
 
+    data = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "copy_bandwidth_Bps": copy_bw,
+            "seconds": elapsed, "results": results}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"device": name, "torch": torch.__version__, "triton": triton.__version__,
-                       "copy_bandwidth_Bps": copy_bw, "seconds": elapsed, "results": results}, f, indent=1)
+            json.dump(data, f, indent=1)
+    if args.plot:
+        log("\n".join(f"wrote {path}" for path in write_charts(data, args.plot)))
 
 
 if __name__ == "__main__":

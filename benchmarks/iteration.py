@@ -2,7 +2,7 @@
 
     python benchmarks/iteration.py                          # CPU: 10^4 samples x 32 channels, lmax 3
     python benchmarks/iteration.py --samples 100000         # the full size (default on CUDA)
-    python benchmarks/iteration.py --device cuda --json r.json
+    python benchmarks/iteration.py --device cuda --json r.json --plot r   # r.json, r.png, r.svg
 
 One step couples X (lmax 3: one block each of l = 0..3, ``--channels`` channels, element-wise "uuu") with
 itself into every path ``(l1, l2) -> L <= --lmax-out`` (``--parity all`` or ``even``), in the e3nn basis so
@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sparse_accumulation as sa  # noqa: E402
+import sparse_accumulation.bench  # noqa: E402,F401 - sa.bench.plot_times
 from sparse_accumulation.products import ClebschGordanProduct, from_e3nn_layout, to_e3nn_layout  # noqa: E402
 
 
@@ -108,6 +109,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-e3nn", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", metavar="STEM", help="write the chart STEM.png and STEM.svg (needs matplotlib)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
@@ -174,12 +176,18 @@ def main(argv=None):
             r["ratio_forward_backward"] = r["forward_backward_ms"] / base["forward_backward_ms"]
             print(f"{name:>9} / fused: forward x{r['ratio_forward']:.2f}   "
                   f"forward+backward x{r['ratio_forward_backward']:.2f}", flush=True)
+    meta = {"device": str(device), "dtype": args.dtype, "samples": samples, "channels": args.channels,
+            "lmax": args.lmax, "lmax_out": args.lmax_out, "parity": args.parity, "paths": product.n_paths,
+            "nnz": int(product.C.shape[0]), "repeats": args.repeats}
     if args.json:
-        meta = {"device": str(device), "dtype": args.dtype, "samples": samples, "channels": args.channels,
-                "lmax": args.lmax, "lmax_out": args.lmax_out, "parity": args.parity, "paths": product.n_paths,
-                "nnz": int(product.C.shape[0]), "repeats": args.repeats}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)
+    if args.plot:
+        from plots import iteration_records
+
+        paths = sa.bench.plot_times(iteration_records({"meta": meta, "results": results}), args.plot,
+                                    title=f"benchmarks/iteration.py on {device}: one CG iteration step, {args.dtype}")
+        print("\n".join(f"wrote {path}" for path in paths))
     return results
 
 

@@ -7,6 +7,7 @@ without pyplot, so plotting neither needs a display nor changes the backend of t
 from __future__ import annotations
 
 import os
+import textwrap
 from typing import Iterable, Optional, Sequence
 
 from .cases import FLOOR, MODES
@@ -32,6 +33,10 @@ def _matplotlib():
     return Figure, FigureCanvasAgg
 
 
+def _value(ms: float) -> str:
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
 def _ordered(values: Iterable) -> list:
     return list(dict.fromkeys(values))
 
@@ -40,9 +45,9 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
                ylabel: str = "ms per call") -> list:
     """Bar charts of times per case and implementation on a log scale, with the floor of each case as a line.
 
-    One column of panels per mode (forward, forward + backward), one row per timing; in each panel a group
-    of bars per case, one bar per implementation (the same color in every panel), and the case's floor drawn
-    as a dashed line across its group.
+    One panel per timing and mode (forward, forward + backward): the modes side by side, or one under the
+    other when there are many bars; in each panel a group of bars per case, one bar per implementation (the
+    same color in every panel), and the case's floor drawn as a dashed line across its group.
 
     Args:
         records: dicts with ``"case"`` (the group label), ``"implementation"``, ``"mode"`` (``"forward"`` or
@@ -72,36 +77,42 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
     group, width = 0.84, 0.84 / max(1, len(implementations))
 
     panel_width = max(3.2, 0.9 + len(cases) * (0.16 * len(implementations) + 0.35))
-    figure = Figure(figsize=(len(modes) * panel_width + 1.0, 1.6 + 2.7 * len(timings)), layout="constrained")
+    side_by_side = len(modes) * panel_width <= 13  # else one mode under the other
+    rows, columns = (len(timings), len(modes)) if side_by_side else (len(timings) * len(modes), 1)
+    figure = Figure(figsize=(columns * panel_width + 1.0, 1.6 + 2.7 * rows), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(len(timings), len(modes), sharey=True, squeeze=False)
+    axes = figure.subplots(rows, columns, sharey=True, squeeze=False)
     values = [r[k] for r in records for k in ("ms", "floor_ms") if r.get(k)]
     low, high = min(values), max(values)
-    for row, timing in enumerate(timings):
-        for column, mode in enumerate(modes):
-            ax = axes[row][column]
-            selected = [r for r in records if r["mode"] == mode and r.get("timing", "") == timing]
-            for i, case in enumerate(cases):
-                in_case = {r["implementation"]: r for r in selected if r["case"] == case}
-                for j, name in enumerate(implementations):
-                    r = in_case.get(name)
-                    if r is not None and r.get("ms"):
-                        x = i + (j - (len(implementations) - 1) / 2) * width
-                        ax.bar(x, r["ms"], width=width * 0.92, color=colors[name], label=name, zorder=2)
-                floors = [r["floor_ms"] for r in in_case.values() if r.get("floor_ms")]
-                if floors:
-                    ax.hlines(floors[0], i - group / 2 - 0.04, i + group / 2 + 0.04, colors="black",
-                              linestyles="dashed", linewidth=1.6, label=_FLOOR_LABEL, zorder=3)
-            ax.set_yscale("log")
-            ax.set_ylim(low / 2, high * 2)
-            ax.set_xticks(range(len(cases)), cases)
-            ax.set_xlim(-0.6, len(cases) - 0.4)
-            ax.grid(axis="y", which="major", color="0.85", zorder=0)
-            ax.grid(axis="y", which="minor", color="0.94", zorder=0)
-            if row == 0:
-                ax.set_title(_MODE_TITLES.get(mode, mode))
-            if column == 0:
-                ax.set_ylabel(f"{_TIMING_TITLES.get(timing, timing)}\n{ylabel}" if timing else ylabel)
+    panels = [(timing, mode) for timing in timings for mode in modes]
+    labelled = len(cases) * len(implementations) <= 12  # few bars: write each time above its bar
+    for index, (timing, mode) in enumerate(panels):
+        ax = axes.flat[index]
+        selected = [r for r in records if r["mode"] == mode and r.get("timing", "") == timing]
+        for i, case in enumerate(cases):
+            in_case = {r["implementation"]: r for r in selected if r["case"] == case}
+            for j, name in enumerate(implementations):
+                r = in_case.get(name)
+                if r is not None and r.get("ms"):
+                    x = i + (j - (len(implementations) - 1) / 2) * width
+                    ax.bar(x, r["ms"], width=width * 0.92, color=colors[name], label=name, zorder=2)
+                    if labelled:
+                        ax.annotate(_value(r["ms"]), (x, r["ms"]), xytext=(0, 2), textcoords="offset points",
+                                    ha="center", va="bottom", fontsize="small")
+            floors = [r["floor_ms"] for r in in_case.values() if r.get("floor_ms")]
+            if floors:
+                ax.hlines(floors[0], i - group / 2 - 0.04, i + group / 2 + 0.04, colors="black",
+                          linestyles="dashed", linewidth=1.6, label=_FLOOR_LABEL, zorder=3)
+        ax.set_yscale("log")
+        ax.set_ylim(low / 2, high * (4 if labelled else 2))
+        ax.set_xticks(range(len(cases)), cases)
+        ax.set_xlim(-0.6, len(cases) - 0.4)
+        ax.grid(axis="y", which="major", color="0.85", zorder=0)
+        ax.grid(axis="y", which="minor", color="0.94", zorder=0)
+        if not side_by_side or index < columns:
+            ax.set_title(_MODE_TITLES.get(mode, mode))
+        if index % columns == 0:
+            ax.set_ylabel(f"{_TIMING_TITLES.get(timing, timing)}\n{ylabel}" if timing else ylabel)
     handles = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
@@ -110,8 +121,8 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
         ([_FLOOR_LABEL] if _FLOOR_LABEL in handles else [])
     figure.legend([handles[label] for label in order], order, loc="outside lower center", frameon=False,
                   ncols=min(len(order), 4))
-    if title:
-        figure.suptitle(title)
+    if title:  # wrapped to the figure's width (about nine characters an inch at this size)
+        figure.suptitle("\n".join(textwrap.wrap(title, int(figure.get_figwidth() * 9))))
     os.makedirs(os.path.dirname(os.path.abspath(str(output))), exist_ok=True)
     import matplotlib
 
@@ -137,7 +148,8 @@ def records_from_results(results: Sequence[dict], timings: Optional[Sequence[str
 
     Every timing measured (``host`` converted from us to ms) becomes a row of panels, unless ``timings``
     selects some; the case label is the rule, plus rows, dtype and device where they vary. Failed and skipped
-    measurements get no bar; the host-overhead floor (``elementwise``) is kept as a bar.
+    measurements get no bar; the host-overhead floor (``elementwise``) is kept as a bar. The bandwidth floor
+    is drawn in every panel but ``host``.
     """
     varying = {key for key in ("rows", "dtype", "device") if len({str(r[key]) for r in results}) > 1}
     records = []
@@ -150,7 +162,9 @@ def records_from_results(results: Sequence[dict], timings: Optional[Sequence[str
             scale = 1e-3 if entry["unit"] == "us" else 1.0
             records.append({"case": _case_label(r, varying), "implementation": r["implementation"],
                             "mode": r["mode"], "timing": timing, "ms": entry["median"] * scale,
-                            "floor_ms": None if r["implementation"] == FLOOR else r.get("floor_ms")})
+                            # the bandwidth floor bounds device time, not host time
+                            "floor_ms": None if r["implementation"] == FLOOR or timing == "host"
+                            else r.get("floor_ms")})
         if not r.get("timings") and r.get("median_ms"):  # results written before timings existed
             records.append({"case": _case_label(r, varying), "implementation": r["implementation"],
                             "mode": r["mode"], "ms": r["median_ms"], "floor_ms": r.get("floor_ms")})
