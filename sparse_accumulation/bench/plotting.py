@@ -51,8 +51,9 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
 
     Args:
         records: dicts with ``"case"`` (the group label), ``"implementation"``, ``"mode"`` (``"forward"`` or
-            ``"backward"``), ``"ms"`` (``None``: no bar) and optionally ``"floor_ms"`` and ``"timing"`` (the
-            panel row; rows follow :data:`~sparse_accumulation.bench.TIMINGS` order, then first appearance).
+            ``"backward"``), ``"ms"`` (``None``: no bar) and optionally ``"floor_ms"``, ``"timing"`` (the
+            panel row; rows follow :data:`~sparse_accumulation.bench.TIMINGS` order, then first appearance)
+            and ``"failed"`` (true: the word "failed" stands in the bar's place).
         output: path without suffix; ``output.png`` and ``output.svg`` are written (see ``formats``).
         title: figure title.
         formats: file suffixes understood by matplotlib.
@@ -64,7 +65,7 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
     Raises:
         ImportError: when matplotlib is not installed (``name="matplotlib"``).
     """
-    records = [r for r in records if r.get("ms") is not None and r["ms"] > 0 or r.get("floor_ms")]
+    records = [r for r in records if r.get("ms") is not None and r["ms"] > 0 or r.get("floor_ms") or r.get("failed")]
     if not any(r.get("ms") for r in records):
         return []
     Figure, FigureCanvasAgg = _matplotlib()
@@ -72,7 +73,7 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
     found = _ordered(r.get("timing", "") for r in records)
     timings = [t for t in TIMINGS if t in found] + [t for t in found if t not in TIMINGS]
     cases = _ordered(r["case"] for r in records)
-    implementations = _ordered(r["implementation"] for r in records if r.get("ms"))
+    implementations = _ordered(r["implementation"] for r in records if r.get("ms") or r.get("failed"))
     colors = {name: f"C{i % 10}" for i, name in enumerate(implementations)}
     group, width = 0.84, 0.84 / max(1, len(implementations))
 
@@ -93,16 +94,19 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
             in_case = {r["implementation"]: r for r in selected if r["case"] == case}
             for j, name in enumerate(implementations):
                 r = in_case.get(name)
+                x = i + (j - (len(implementations) - 1) / 2) * width
+                if r is not None and r.get("failed"):  # the slot says so, in the bar's color
+                    ax.text(x, low, "failed", rotation=90, ha="center", va="bottom", color=colors[name],
+                            fontweight="bold", zorder=4, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
                 if r is not None and r.get("ms"):
-                    x = i + (j - (len(implementations) - 1) / 2) * width
-                    ax.bar(x, r["ms"], width=width * 0.92, color=colors[name], label=name, zorder=2)
+                    ax.bar(x, r["ms"], width=width * 0.92, color=colors[name], zorder=2)
                     if labelled:
                         ax.annotate(_value(r["ms"]), (x, r["ms"]), xytext=(0, 2), textcoords="offset points",
                                     ha="center", va="bottom", fontsize="small")
             floors = [r["floor_ms"] for r in in_case.values() if r.get("floor_ms")]
             if floors:
                 ax.hlines(floors[0], i - group / 2 - 0.04, i + group / 2 + 0.04, colors="black",
-                          linestyles="dashed", linewidth=1.6, label=_FLOOR_LABEL, zorder=3)
+                          linestyles="dashed", linewidth=1.6, zorder=3)
         ax.set_yscale("log")
         ax.set_ylim(low / 2, high * (4 if labelled else 2))
         ax.set_xticks(range(len(cases)), cases)
@@ -113,14 +117,14 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
             ax.set_title(_MODE_TITLES.get(mode, mode))
         if index % columns == 0:
             ax.set_ylabel(f"{_TIMING_TITLES.get(timing, timing)}\n{ylabel}" if timing else ylabel)
-    handles = {}
-    for ax in axes.flat:
-        for handle, label in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(label, handle)
-    order = [name for name in implementations if name in handles] + \
-        ([_FLOOR_LABEL] if _FLOOR_LABEL in handles else [])
-    figure.legend([handles[label] for label in order], order, loc="outside lower center", frameon=False,
-                  ncols=min(len(order), 4))
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = {name: Patch(color=colors[name]) for name in implementations}  # failed-only ones too
+    if any(r.get("floor_ms") for r in records):
+        handles[_FLOOR_LABEL] = Line2D([], [], color="black", linestyle="dashed", linewidth=1.6)
+    figure.legend(list(handles.values()), list(handles), loc="outside lower center", frameon=False,
+                  ncols=min(len(handles), 4))
     if title:  # wrapped to the figure's width (about nine characters an inch at this size)
         figure.suptitle("\n".join(textwrap.wrap(title, int(figure.get_figwidth() * 9))))
     os.makedirs(os.path.dirname(os.path.abspath(str(output))), exist_ok=True)
@@ -147,8 +151,8 @@ def records_from_results(results: Sequence[dict], timings: Optional[Sequence[str
     """:func:`plot_times` records from :func:`~sparse_accumulation.bench.run_benchmark` results.
 
     Every timing measured (``host`` converted from us to ms) becomes a row of panels, unless ``timings``
-    selects some; the case label is the rule, plus rows, dtype and device where they vary. Failed and skipped
-    measurements get no bar; the host-overhead floor (``elementwise``) is kept as a bar. The bandwidth floor
+    selects some; the case label is the rule, plus rows, dtype and device where they vary. Skipped timings get
+    no bar, failed ones the word "failed"; the host-overhead floor (``elementwise``) is kept as a bar. The bandwidth floor
     is drawn in every panel but ``host``.
     """
     varying = {key for key in ("rows", "dtype", "device") if len({str(r[key]) for r in results}) > 1}
@@ -157,7 +161,11 @@ def records_from_results(results: Sequence[dict], timings: Optional[Sequence[str
         if r["status"] != "ok":
             continue
         for timing, entry in r.get("timings", {}).items():
-            if timings is not None and timing not in timings or entry["status"] != "ok":
+            if timings is not None and timing not in timings or entry["status"] == "skipped":
+                continue
+            if entry["status"] == "FAILED":
+                records.append({"case": _case_label(r, varying), "implementation": r["implementation"],
+                                "mode": r["mode"], "timing": timing, "ms": None, "failed": True})
                 continue
             scale = 1e-3 if entry["unit"] == "us" else 1.0
             records.append({"case": _case_label(r, varying), "implementation": r["implementation"],

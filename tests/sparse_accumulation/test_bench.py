@@ -116,7 +116,9 @@ def test_plot_times_draws_every_implementation_and_the_floor(tmp_path):
                for case, floor in (("8x8->8", 0.1), ("2x2->2", 0.03))
                for mode in ("forward", "backward")
                for name, ms in (("ours", 0.2), ("reference", 15.0))]
-    records.append({"case": "8x8->8", "implementation": "failed", "mode": "forward", "ms": None})
+    records.append({"case": "8x8->8", "implementation": "unmeasured", "mode": "forward", "ms": None})
+    records.append({"case": "2x2->2", "implementation": "broken", "mode": "forward", "timing": "kernel",
+                    "ms": None, "failed": True})
     paths = bench.plot_times(records, tmp_path / "chart", title="test chart")
     assert paths == [f"{tmp_path / 'chart'}.png", f"{tmp_path / 'chart'}.svg"]
     from matplotlib.image import imread
@@ -124,9 +126,10 @@ def test_plot_times_draws_every_implementation_and_the_floor(tmp_path):
     image = imread(paths[0])
     assert image.shape[0] > 200 and image.shape[1] > 400 and image[..., :3].std() > 0.05  # not blank
     svg = (tmp_path / "chart.svg").read_text()
-    for text in ("ours", "reference", "floor: bytes / copy bandwidth", "test chart", "forward + backward"):
+    for text in ("ours", "reference", "floor: bytes / copy bandwidth", "test chart", "forward + backward",
+                 "broken", ">failed<"):
         assert text in svg
-    assert "failed" not in svg  # no time, no bar, no legend entry
+    assert "unmeasured" not in svg  # no time, no bar, no legend entry
     assert bench.plot_times([{"case": "x", "implementation": "y", "mode": "forward", "ms": None}],
                             tmp_path / "empty") == []
 
