@@ -47,13 +47,14 @@ import sparse_accumulation  # noqa: E402
 from sparse_accumulation import bench as user_bench  # noqa: E402
 
 try:  # the kernels alone, by load/store strategy: internal names, absent when the kernels are reorganised
+    from sparse_accumulation import layout
     from sparse_accumulation.kernels import triton_gpu
     from sparse_accumulation.rules import prepare_rule
 
     STRATEGIES = tuple(triton_gpu.STRATEGIES)
     KERNELS_NOTE = ""
 except Exception as _error:  # noqa: BLE001 - reported in the log, the rest of the script runs
-    triton_gpu = prepare_rule = None
+    layout = triton_gpu = prepare_rule = None
     STRATEGIES = ()
     KERNELS_NOTE = f"kernel strategies not measured ({type(_error).__name__}: {_error})"
 
@@ -180,14 +181,26 @@ def note_failure(result, label, error):
 # implementations
 
 
+def kernel_forward(X1, X2, C, rule, strategy):
+    """The Triton forward kernel alone on ``[R, M]`` operands, through the kernels' module contract
+    (``accumulate(X1, X2, W, C, rule, rows, strategy)``, rows planned by ``layout.plan``); the row plan is
+    made once per shape and strides."""
+    key = (X1.shape, X1.stride(), X2.shape, X2.stride())
+    if key not in _ROW_PLANS:
+        _ROW_PLANS[key] = layout.plan((X1, X2), ("X1", "X2"))[1]
+    return triton_gpu.accumulate(X1, X2, None, C, rule, _ROW_PLANS[key], strategy=strategy)
+
+
+_ROW_PLANS = {}
+
+
 def make_implementations(rule, rule_t, dtype, device, A, B, M1, M2, O):
     """{name: (forward(X1, X2, C) -> [R, O], forward+backward(X1, X2, C, G) or None)}."""
     m1, m2, mu = (t.to(device) for t in rule_t)
     impls = {}
 
     for strategy in STRATEGIES:
-        impls[f"ours_{strategy}"] = (
-            lambda X1, X2, C, s=strategy: triton_gpu.accumulate(X1, X2, C, rule, O, strategy=s), None)
+        impls[f"ours_{strategy}"] = (lambda X1, X2, C, s=strategy: kernel_forward(X1, X2, C, rule, s), None)
 
     def index_add(X1, X2, C):
         out = torch.zeros(X1.shape[0], O, dtype=X1.dtype, device=device)
