@@ -150,14 +150,14 @@ def measure(timing: str, step: Callable, device, *, repeats: int = 5, warmup: in
     """Samples of ``timing`` for ``step`` (ms per call; us per call for ``host``), after ``warmup`` steps.
 
     ``kernel`` and ``host`` take ``repeats`` batches of back-to-back steps (as many as run in about 20 ms,
-    at most 100); ``call`` and the compiled timings time single steps, ``repeats`` of them or more when a
-    step is shorter than that (up to a batch's worth). Sampling stops early once it has run ``max_seconds``
-    (at least one sample is taken).
+    at most 100, sized by the last warm-up step); ``call`` and the compiled timings time single steps,
+    ``repeats`` of them or more when a step is shorter than that (up to a batch's worth). Sampling stops early
+    once it has run ``max_seconds`` (at least one sample is taken).
     """
     device = torch.device(device)
-    for _ in range(warmup):
+    for _ in range(warmup - 1):
         step()
-    single_ms = _elapsed_ms(step, device)
+    single_ms = _elapsed_ms(step, device)  # the last warm-up step (or one more) sizes the batches
     calls = max(1, min(_MAX_BATCH, int(_BATCH_SECONDS * 1e3 / max(single_ms, 1e-6))))
     deadline = time.perf_counter() + max_seconds
     samples = []
