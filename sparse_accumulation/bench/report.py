@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 import os
 import platform
 from typing import Optional, Sequence
 
-import numpy
 import torch
 
 from .cases import BASELINE, mode_label
@@ -22,8 +22,10 @@ PLOT_HINT = 'charts not written: matplotlib is not installed (pip install "spars
 def _format_ms(ms: Optional[float]) -> str:
     if ms is None:
         return "-"
+    if ms <= 0:
+        return f"{ms:.3f}"
     if ms < 1:  # three significant digits, without an exponent
-        return numpy.format_float_positional(ms, precision=3, unique=False, fractional=False, trim="k")
+        return f"{ms:.{2 - math.floor(math.log10(ms))}f}"
     return f"{ms:.3f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
 
 
