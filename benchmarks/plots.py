@@ -1,7 +1,7 @@
 """Charts of the recorded benchmark results, drawn with ``sparse_accumulation.bench.plot_times`` (matplotlib).
 
     python benchmarks/plots.py                        # redraw every chart below from its JSON file
-    python benchmarks/plots.py --cpu-copy-gbps 19.0   # the CPU floor at a given copy bandwidth
+    python benchmarks/plots.py --cpu-copy-gbps 37.2   # the CPU floor at a given copy bandwidth
 
 Each recorded JSON format has a converter to the records of ``plot_times`` (``case``, ``implementation``,
 ``mode``, ``ms``, optional ``floor_ms`` and ``timing``), used here and by the scripts that write the format:
@@ -11,7 +11,8 @@ Each recorded JSON format has a converter to the records of ``plot_times`` (``ca
 * :func:`cpu_records`: ``benchmarks/cpu.py --json`` (numba and index_add; the JSON holds no bandwidth, so the
   floor uses the copy bandwidth given, or measured on this machine when the chart is drawn);
 * :func:`iteration_records`: ``benchmarks/iteration.py --json`` (fused product, per-path calls, e3nn);
-* ``sparse-accumulation bench --output DIR`` results: :func:`sparse_accumulation.bench.plot_results`.
+* ``sparse-accumulation bench --output DIR`` results: :func:`sparse_accumulation.bench.plot_results`
+  (``bench_h200_2x2.json``).
 """
 from __future__ import annotations
 
@@ -98,6 +99,12 @@ def main(argv=None) -> list:
     written += bench.plot_times(
         iteration_records(iteration), os.path.join(HERE, "iteration_cpu"),
         title=f"benchmarks/iteration.py on 2 CPU cores: one CG iteration step, {iteration['meta']['dtype']}")
+    recorded = _load("bench_h200_2x2.json")
+    environment = recorded["environment"]
+    written += bench.plot_results(
+        recorded["results"], os.path.join(HERE, "bench_h200_2x2"),
+        title=f"sparse-accumulation bench --device cuda --l 2 2 2 on an {environment['cuda_device']} (torch "
+              f"{environment['torch']}, Triton {environment['triton']}): 1000 x 2000 rows, float32 (median, log scale)")
     for path in written:
         print(f"wrote {path}")
     return written

@@ -131,10 +131,11 @@ def plot_times(records: Sequence[dict], output, *, title: str = "", formats: Seq
     import matplotlib
 
     paths = []
-    with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text: searchable, smaller
+    # SVG text stays text (searchable, smaller); fixed ids and no date, so that a redrawn chart is the same file
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "sparse-accumulation"}):
         for suffix in formats:
             path = f"{output}.{suffix}"
-            figure.savefig(path, dpi=120)
+            figure.savefig(path, dpi=120, metadata={"Date": None} if suffix in ("svg", "pdf") else None)
             paths.append(path)
     return paths
 
