@@ -10,9 +10,10 @@ from typing import Callable, Optional
 import torch
 
 from .. import backends
-from ..api import accumulate
+from ..api import accumulate_rule
 from ..kernels import reference
 from ..modules import get_cg_transformation_rule
+from ..rules import Rule
 from .cases import FLOOR, Case
 
 __all__ = ["rule", "forward_function", "unavailable_reason", "is_out_of_memory", "LOOPS_MAX_WORK"]
@@ -73,12 +74,15 @@ def rule(case: Case, basis: str = "real") -> tuple:
 def forward_function(name: str, case: Case, case_rule) -> Callable:
     """``f(X1 [A, B, M1], X2 [A, B, M2], C) -> [A, B, O]`` for an implementation name.
 
-    :data:`~sparse_accumulation.bench.cases.FLOOR` is ``sin(X1 * X2)`` on inputs of the output's shape.
+    The kernels are called with a :class:`~sparse_accumulation.rules.Rule`, as the modules call them (no index
+    read per call, compile-visible Triton kernels). :data:`~sparse_accumulation.bench.cases.FLOOR` is
+    ``sin(X1 * X2)`` on inputs of the output's shape.
     """
     m1, m2, mu, _ = case_rule
-    O = case.sizes[2]
+    M1, M2, O = case.sizes
     if name in backends.KERNELS:
-        return lambda X1, X2, C: accumulate(X1, X2, mu, O, m1, m2, C, implementation=name)
+        prepared = Rule(m1, m2, mu, O, input_sizes=(M1, M2))
+        return lambda X1, X2, C: accumulate_rule(X1, X2, prepared, C, implementation=name)
     if name == FLOOR:
         return lambda X1, X2, C: torch.sin(X1 * X2)
     if name == "e3nn":

@@ -139,8 +139,8 @@ def _row_kernel(kind: str, rule, layout, strategy: str, acc: str, wanted=()):
 
 def _launch_rows(kernel, layout_, strides, pointers, R, B, device, traceable):
     ints = _int_args(layout_, strides, R, B)
-    launch.launch(kernel, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), pointers + ints, device=device,
-                  traceable=traceable, tuning=ints[-1])
+    launch.launch(kernel, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), pointers, ints, device=device,
+                  traceable=traceable, tuning=ints[-1], small=not layout_.idx64)
 
 
 def _forward(operands, folded, C, rule, rows, strategy, traceable):
@@ -183,6 +183,9 @@ def _summed(grad, t, f):
 
 def _with_gradient(G, rows):
     """``(G, its folded description)`` in the row space (a contiguous copy where its strides do not fold)."""
+    if G.is_contiguous():
+        O = G.shape[-1]
+        return G, (rows.A, rows.B, O * rows.B if rows.A != 1 else 0, O if rows.B != 1 else 0)
     G, s_a, s_b = layout.contiguous_rows(G, rows)
     return G, (rows.A, rows.B, s_a, s_b)
 
@@ -239,8 +242,8 @@ def accumulate_dC(G, X1, X2, W, rule, rows, strategy=None, traceable=False):
     programs = triton.cdiv(R, block_r * blocks)
     partial = torch.empty((programs, len(chunks) * width), dtype=accumulation_dtype(X1.dtype), device=X1.device)
     ints = _int_args(layout_, strides, R, B)[:-1]
-    launch.launch(kernel, lambda meta: (len(chunks), programs), operands + [partial] + ints, device=X1.device,
-                  traceable=traceable)
+    launch.launch(kernel, lambda meta: (len(chunks), programs), operands + [partial], ints, device=X1.device,
+                  traceable=traceable, small=not layout_.idx64)
     size = len(chunks[0])
     sums = partial.sum(0).view(len(chunks), width)[:, :size].reshape(-1)[:rule.nnz]
     return sums.to(X1.dtype)

@@ -7,11 +7,12 @@
 * fast (eager calls on CUDA): once per kernel, tuning key, device and pointer alignment, the public launch
   runs and the compiled kernel and the configuration it used are kept; later calls hand the arguments to the
   compiled kernel's launcher directly (about 5 us). The kernels' integer arguments are not specialised (see
-  :mod:`.build`), so only pointer alignment and 32-bit range decide which compiled kernel applies.
+  :mod:`.build`), so only the pointers' dtypes and alignment, and the integers' 32-bit range, decide which
+  compiled kernel applies.
 
 The fast launch uses Triton internals (``CompiledKernel.run``, ``function``, ``packed_metadata``,
-``Autotuner.best_config``, ``triton.knobs``); they are touched only here. Where one is missing, where a
-launch hook is installed (profilers), under the interpreter, or with
+``Autotuner.best_config``, ``triton.knobs``); they are touched only here. Where one is missing (the
+interpreter, another Triton), where a launch hook is installed (profilers), or with
 ``SPARSE_ACCUMULATION_TRITON_FAST_LAUNCH=0``, the public launch is used.
 """
 from __future__ import annotations
@@ -21,8 +22,6 @@ import threading
 
 import torch
 
-from .build import interpreting
-
 try:  # launch hooks (profilers) live in triton.knobs from Triton 3.4 on
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover - older Triton: no fast launch
@@ -30,7 +29,6 @@ except ImportError:  # pragma: no cover - older Triton: no fast launch
 
 FAST_LAUNCH = os.environ.get("SPARSE_ACCUMULATION_TRITON_FAST_LAUNCH", "1") != "0"
 
-_INT32 = 2**31
 _plans = {}
 _unsupported = set()
 _lock = threading.Lock()
@@ -79,39 +77,38 @@ def _make_plan(kernel, grid, args, device):
     return _Plan(compiled, constexprs, meta)
 
 
-def launch(kernel, grid, args, *, device, traceable=False, tuning=None) -> None:
+def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None, small=True) -> None:
     """Launch ``kernel`` (a generated kernel behind a ``triton.autotune`` of its configurations) on ``grid``.
 
     Args:
-        kernel: the kernel; its constexpr parameters come last, after ``args``, all set by its configurations.
+        kernel: the kernel; its parameters are ``pointers``, then ``ints``, then constexprs that its
+            configurations set.
         grid: ``grid(meta) -> (x, y, z)`` from the constexpr values.
-        args: the non-constexpr arguments, in order.
+        pointers: the tensor arguments, all of one dtype but for the last ones (outputs, buffers).
+        ints: the integer arguments.
         device: the device of the tensors.
         traceable: launch through ``torch.library.wrap_triton`` (inside a ``triton_op`` being traced).
         tuning: the value of the autotuning key (part of the fast launch's key).
+        small: every integer argument lies in the 32-bit range (Triton then types them all alike).
     """
     if traceable:
-        torch.library.wrap_triton(kernel)[grid](*args)
+        torch.library.wrap_triton(kernel)[grid](*pointers, *ints)
         return
-    if not FAST_LAUNCH or device.type != "cuda" or interpreting() or id(kernel) in _unsupported:
-        _run_public(kernel, grid, args, device)
+    if not FAST_LAUNCH or not small or device.type != "cuda" or id(kernel) in _unsupported or _hooks_active():
+        _run_public(kernel, grid, pointers + ints, device)
         return
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = torch._C._cuda_getDevice()
+    if device.index is not None and device.index != index:
+        _run_public(kernel, grid, pointers + ints, device)
+        return
     aligned = 0
-    fits = True
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            aligned = (aligned << 1) | (a.data_ptr() & 15 == 0)
-        elif not -_INT32 <= a < _INT32:
-            fits = False
-    if not fits or index != torch.cuda.current_device() or _hooks_active():
-        _run_public(kernel, grid, args, device)
-        return
-    key = (id(kernel), index, tuning, aligned)
+    for t in pointers:
+        aligned = (aligned << 1) | (t.data_ptr() & 15 == 0)
+    key = (id(kernel), index, tuning, aligned, pointers[0].dtype, pointers[-1].dtype)
     plan = _plans.get(key)
     if plan is None:
         with _lock:
-            plan = _make_plan(kernel, grid, args, device)
+            plan = _make_plan(kernel, grid, pointers + ints, device)
             if plan is None:
                 _unsupported.add(id(kernel))
             else:
@@ -120,4 +117,4 @@ def launch(kernel, grid, args, *, device, traceable=False, tuning=None) -> None:
     x, *rest = grid(plan.meta)
     plan.launcher(x, rest[0] if rest else 1, rest[1] if len(rest) > 1 else 1,
                   torch._C._cuda_getCurrentRawStream(index), plan.function, plan.metadata, None, None, None,
-                  *args, *plan.constexprs)
+                  *pointers, *ints, *plan.constexprs)
