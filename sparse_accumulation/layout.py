@@ -22,15 +22,11 @@ import torch
 
 
 class Rows(NamedTuple):
-    """The row space of a call and how each operand is addressed in it.
-
-    Attributes:
-        lead: the broadcast leading shape (the output is ``[*lead, M]``).
-        A, B: the folded row space, ``A * B`` rows.
-        split: leading dimensions ``lead[:split]`` fold into ``A``, ``lead[split:]`` into ``B``.
-        operands: per operand ``(A_i, B_i, s_a, s_b)``: its extent in each folded dimension (``A`` or 1,
-            ``B`` or 1) and its strides along them (0 where its extent is 1).
-    """
+    """The row space of a call and how each operand is addressed in it: ``lead``, the broadcast leading shape
+    (the output is ``[*lead, M]``); ``A, B``, the folded row space of ``A * B`` rows; ``split``, the number of
+    leading dimensions folded into ``A`` (``lead[split:]`` fold into ``B``); ``operands``, per operand
+    ``(A_i, B_i, s_a, s_b)``: its extent in each folded dimension (``A`` or 1, ``B`` or 1) and its strides
+    along them (0 where its extent is 1)."""
 
     lead: tuple
     A: int
