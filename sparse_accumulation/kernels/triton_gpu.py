@@ -71,20 +71,22 @@ def _acc(dtype: torch.dtype) -> str:
     return "tl.float64" if dtype == torch.float64 else "tl.float32"
 
 
-def _max_offset(rows: int, inner: int, strides, width: int) -> int:
-    """Largest element offset a program may form (rows past the end included)."""
-    s_a, s_b, s_m = strides
-    return (rows + _MAX_BLOCK_R) * abs(s_a) + inner * abs(s_b) + width * abs(s_m)
-
-
 def _layout(operands, folded, A: int, B: int, output_widths) -> tuple:
-    """``(Layout, strides)``: the static layout of a call and ``(s_a, s_b, s_m)`` per operand."""
-    strides = [(f[2], f[3], t.stride(-1)) for t, f in zip(operands, folded)]
-    unit = tuple(bool(s[2] == 1 or t.shape[-1] == 1) for s, t in zip(strides, operands))
-    largest = max([_max_offset(A, B, s, t.shape[-1]) for s, t in zip(strides, operands)]
-                  + [(A * B + _MAX_BLOCK_R) * w for w in output_widths])
+    """``(Layout, strides)``: the static layout of a call and ``(s_a, s_b, s_m)`` per operand.
+
+    64-bit offsets are needed once the largest offset a program may form (rows past the end included) reaches
+    2**31."""
+    largest = (A * B + _MAX_BLOCK_R) * max(output_widths, default=0)
+    strides, unit = [], []
+    for t, (_, _, s_a, s_b) in zip(operands, folded):
+        s_m, M = t.stride(-1), t.shape[-1]
+        strides.append((s_a, s_b, s_m))
+        unit.append(bool(s_m == 1 or M == 1))
+        offset = (A + _MAX_BLOCK_R) * abs(s_a) + B * abs(s_b) + M * abs(s_m)
+        if offset > largest:
+            largest = offset
     # bool(): under torch.compile with dynamic shapes these are symbolic, and become guards here
-    return source.Layout(bool(B == 1), unit, bool(largest >= _INT32_LIMIT)), strides
+    return source.Layout(bool(B == 1), tuple(unit), bool(largest >= _INT32_LIMIT)), strides
 
 
 def _int_args(layout, strides, R: int, B: int) -> list:
@@ -137,10 +139,34 @@ def _row_kernel(kind: str, rule, layout, strategy: str, acc: str, wanted=()):
     return build.cached((kind, rule.key, layout, strategy, acc, wanted), make)
 
 
-def _launch_rows(kernel, layout_, strides, pointers, R, B, device, traceable):
-    ints = _int_args(layout_, strides, R, B)
-    launch.launch(kernel, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), pointers, ints, device=device,
-                  traceable=traceable, tuning=ints[-1], small=not layout_.idx64)
+_calls = {}
+_CALLS_KEPT = 4096
+
+
+def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wanted=()):
+    """``(kernel, ints, grid, small)`` of a row kernel call, remembered per rule, row space, operand strides,
+    dtype and options, so that a repeated call skips the layout analysis."""
+    key = (kind, rule.key, rows.A, rows.B, tuple(folded), tuple(t.stride(-1) for t in operands), operands[0].dtype,
+           strategy, wanted)
+    call = _calls.get(key)
+    if call is None:
+        A, B = rows.A, rows.B
+        layout_, strides = _layout(operands, folded, A, B, output_widths)
+        kernel = _row_kernel(kind, rule, layout_, strategy, _acc(operands[0].dtype), wanted)
+        ints = _int_args(layout_, strides, A * B, B)
+        R = A * B
+        call = (kernel, ints, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), not layout_.idx64)
+        if not isinstance(R, int):  # symbolic shapes under tracing: nothing to remember
+            return call
+        if len(_calls) >= _CALLS_KEPT:
+            _calls.clear()
+        _calls[key] = call
+    return call
+
+
+def _launch_rows(call, pointers, device, traceable):
+    kernel, ints, grid, small = call
+    launch.launch(kernel, grid, pointers, ints, device=device, traceable=traceable, tuning=ints[-1], small=small)
 
 
 def _forward(operands, folded, C, rule, rows, strategy, traceable):
@@ -150,10 +176,8 @@ def _forward(operands, folded, C, rule, rows, strategy, traceable):
         return out
     if rule.nnz == 0:
         return out.zero_()
-    layout_, strides = _layout(operands, folded, A, B, [rule.output_size])
-    kernel = _row_kernel("fwd", rule, layout_, strategy, _acc(operands[0].dtype))
-    _launch_rows(kernel, layout_, strides, list(operands) + [C.contiguous(), out], A * B, B, operands[0].device,
-                 traceable)
+    call = _row_call("fwd", rule, operands, folded, rows, (rule.output_size,), strategy)
+    _launch_rows(call, list(operands) + [C.contiguous(), out], operands[0].device, traceable)
     return out
 
 
@@ -196,22 +220,20 @@ def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, 
     (``None`` where not wanted); each of its operand's shape."""
     strategy = _check_strategy(strategy)
     G, g_folded = _with_gradient(G, rows)
-    operands = [G, X1, X2] + ([] if W is None else [W])
-    folded = [g_folded] + list(rows.operands)
-    slots = [j for j, want in enumerate(wanted) if want and j < len(operands) - 1]
-    targets = {j: _gradient_target(operands[j + 1], folded[j + 1], rows) for j in slots}
+    operands = [G, X1, X2] if W is None else [G, X1, X2, W]
+    folded = (g_folded,) + rows.operands
+    slots = tuple(j for j in range(len(operands) - 1) if wanted[j])
+    targets = [_gradient_target(operands[j + 1], folded[j + 1], rows) for j in slots]
     A, B = rows.A, rows.B
     if slots and (A * B == 0 or rule.nnz == 0):
-        for t in targets.values():
+        for t in targets:
             t.zero_()
     elif slots:
-        layout_, strides = _layout(operands, folded, A, B, [t.shape[-1] for t in targets.values()])
-        kernel = _row_kernel("grad", rule, layout_, strategy, _acc(X1.dtype), tuple(slots))
-        pointers = operands + [C.contiguous()] + [targets[j] for j in slots]
-        _launch_rows(kernel, layout_, strides, pointers, A * B, B, X1.device, traceable)
+        call = _row_call("grad", rule, operands, folded, rows, tuple(t.shape[-1] for t in targets), strategy, slots)
+        _launch_rows(call, operands + [C.contiguous()] + targets, X1.device, traceable)
     grads = [None, None, None]
-    for j in slots:
-        grads[j] = _summed(targets[j], operands[j + 1], folded[j + 1])
+    for j, target in zip(slots, targets):
+        grads[j] = _summed(target, operands[j + 1], folded[j + 1])
     return tuple(grads)
 
 

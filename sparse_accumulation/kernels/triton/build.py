@@ -26,7 +26,10 @@ _lock = threading.Lock()
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in _TRUE
+
+
+_TRUE = frozenset(("1", "true", "on", "yes"))
 
 
 def cache_dir() -> str:
