@@ -148,19 +148,21 @@ def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wante
     dtype and options, so that a repeated call skips the layout analysis."""
     key = (kind, rule.key, rows.A, rows.B, tuple(folded), tuple(t.stride(-1) for t in operands), operands[0].dtype,
            strategy, wanted)
-    call = _calls.get(key)
+    try:
+        call = _calls.get(key)
+    except TypeError:  # symbolic sizes under tracing (unhashable): nothing to remember
+        key, call = None, None
     if call is None:
         A, B = rows.A, rows.B
+        R = A * B
         layout_, strides = _layout(operands, folded, A, B, output_widths)
         kernel = _row_kernel(kind, rule, layout_, strategy, _acc(operands[0].dtype), wanted)
-        ints = _int_args(layout_, strides, A * B, B)
-        R = A * B
+        ints = _int_args(layout_, strides, R, B)
         call = (kernel, ints, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), not layout_.idx64)
-        if not isinstance(R, int):  # symbolic shapes under tracing: nothing to remember
-            return call
-        if len(_calls) >= _CALLS_KEPT:
-            _calls.clear()
-        _calls[key] = call
+        if key is not None:
+            if len(_calls) >= _CALLS_KEPT:
+                _calls.clear()
+            _calls[key] = call
     return call
 
 
