@@ -75,31 +75,44 @@ def _backward(kernels, G, X1, X2, W, C, rule, *wanted):
 # opaque kernel ops (any implementation but Triton-on-CUDA inside the rule ops)
 
 
-@torch.library.custom_op(f"{_NAMESPACE}::kernel_accumulate", mutates_args=())
-def kernel_accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
-                      implementation: str) -> Tensor:
+# Defined with the low-level registration API: a call costs a few microseconds of dispatch instead of the
+# twenty-odd of ``torch.library.custom_op``'s Python layers, and these ops need no autograd of their own (the rule
+# ops that call them have it).
+_library = torch.library.Library(_NAMESPACE, "FRAGMENT")
+_library.define("kernel_accumulate(Tensor X1, Tensor X2, Tensor? W, Tensor C, str rule, str implementation) -> Tensor")
+_library.define("kernel_accumulate_backward(Tensor G, Tensor X1, Tensor X2, Tensor? W, Tensor C, str rule, "
+                "str implementation, bool want_x1, bool want_x2, bool want_w, bool want_c) "
+                "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _kernel_accumulate(X1, X2, W, C, rule, implementation):
     """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]`` with the kernels of ``implementation``."""
     return _forward(_kernels(implementation, X1.device), X1, X2, W, C, Rule.from_key(rule))
 
 
-@kernel_accumulate.register_fake
-def _(X1, X2, W, C, rule, implementation):
-    return X1.new_empty((*_lead(X1, X2, W), Rule.from_key(rule).output_size))
-
-
-@torch.library.custom_op(f"{_NAMESPACE}::kernel_accumulate_backward", mutates_args=())
-def kernel_accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
-                               implementation: str, want_x1: bool, want_x2: bool, want_w: bool, want_c: bool
-                               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Gradients of :func:`kernel_accumulate`; unwanted ones are empty tensors."""
+def _kernel_accumulate_backward(G, X1, X2, W, C, rule, implementation, want_x1, want_x2, want_w, want_c):
+    """Gradients of ``kernel_accumulate``; unwanted ones are empty tensors."""
     return _backward(_kernels(implementation, X1.device), G, X1, X2, W, C, Rule.from_key(rule), want_x1, want_x2,
                      want_w and W is not None, want_c)
 
 
-@kernel_accumulate_backward.register_fake
+_library.impl("kernel_accumulate", _kernel_accumulate, "CompositeExplicitAutograd")
+_library.impl("kernel_accumulate_backward", _kernel_accumulate_backward, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{_NAMESPACE}::kernel_accumulate", lib=_library)
+def _(X1, X2, W, C, rule, implementation):
+    return X1.new_empty((*_lead(X1, X2, W), Rule.from_key(rule).output_size))
+
+
+@torch.library.register_fake(f"{_NAMESPACE}::kernel_accumulate_backward", lib=_library)
 def _(G, X1, X2, W, C, rule, implementation, want_x1, want_x2, want_w, want_c):
     return (_empty_unless(want_x1, X1, X1), _empty_unless(want_x2, X2, X1),
             _empty_unless(want_w and W is not None, W, X1), _empty_unless(want_c, C, X1))
+
+
+kernel_accumulate = torch.ops.sparse_accumulation.kernel_accumulate.default
+kernel_accumulate_backward = torch.ops.sparse_accumulation.kernel_accumulate_backward.default
 
 
 # ----------------------------------------------------------------------------------------------------------
