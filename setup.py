@@ -19,7 +19,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "sympy>=1.12",
-        "torch>=2.4",
+        "torch>=2.6",  # torch.library.triton_op and wrap_triton
         "numba>=0.59",
         "triton>=3.0; platform_system == 'Linux'",
         # progress bars of the command lines; small, pure Python, no dependencies of its own
