@@ -227,6 +227,8 @@ class TensorProduct(torch.nn.Module):
         o3 = _o3()
         self.irreps_in1, self.irreps_in2, self.irreps_out = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2), \
             o3.Irreps(irreps_out)
+        # forward reads plain ints only (torch.compile cannot guard on e3nn's Irreps)
+        self._dims = (self.irreps_in1.dim, self.irreps_in2.dim, self.irreps_out.dim)
         irrep_normalization = "component" if irrep_normalization is None else irrep_normalization
         path_normalization = "element" if path_normalization is None else path_normalization
         if irrep_normalization not in IRREP_NORMALIZATIONS:
@@ -332,7 +334,7 @@ class TensorProduct(torch.nn.Module):
             ValueError: last dimensions that do not match the irreps, weights of the wrong shape or missing,
                 leading dimensions that do not broadcast.
         """
-        for name, t, dim in (("x", x, self.irreps_in1.dim), ("y", y, self.irreps_in2.dim)):
+        for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() < 1 or t.shape[-1] != dim:
@@ -343,7 +345,7 @@ class TensorProduct(torch.nn.Module):
         plan, C = self._plan_for(x.device)
         if plan.rule is None:
             shapes = [x.shape[:-1], y.shape[:-1]] + ([] if self.shared_weights else [weight.shape[:-1]])
-            return x.new_zeros(*torch.broadcast_shapes(*shapes), self.irreps_out.dim)
+            return x.new_zeros(*torch.broadcast_shapes(*shapes), self._dims[2])
         X1 = gather(x, plan.x)
         X2 = y.unsqueeze(-2) if plan.y is None else gather(y, plan.y)
         W = None if plan.weights is None else gather_weights(weight, plan.weights)

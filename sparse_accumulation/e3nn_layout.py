@@ -59,10 +59,12 @@ class Segment(NamedTuple):
 
 
 class Layout(NamedTuple):
-    """An e3nn-layout tensor ``[..., size]`` (blocks ``pieces = ((mul, dim), ...)``) as a channel operand
-    ``[..., channels, width]`` made of ``segments``."""
+    """An e3nn-layout tensor ``[..., size]`` (blocks ``pieces = ((mul, dim), ...)`` starting at ``starts``)
+    as a channel operand ``[..., channels, width]`` made of ``segments``. Plain ints only: calls (and
+    ``torch.compile``) read nothing else."""
 
     pieces: tuple
+    starts: tuple
     segments: tuple
     channels: int
     width: int
@@ -85,8 +87,12 @@ class Layout(NamedTuple):
         return None
 
 
-def _starts(pieces) -> list:
-    return np.cumsum([0] + [mul * dim for mul, dim in pieces]).tolist()
+def _starts(pieces) -> tuple:
+    starts, total = [], 0
+    for mul, dim in pieces:
+        starts.append(total)
+        total += mul * dim
+    return tuple(starts)
 
 
 def make_layout(pieces, wanted, channels: int) -> Layout:
@@ -98,7 +104,7 @@ def make_layout(pieces, wanted, channels: int) -> Layout:
         segment = Segment(index, starts[index], mul, dim, offset, shared)
         segments.append(segment)
         offset += segment.width(channels)
-    return Layout(tuple(pieces), tuple(segments), channels, offset)
+    return Layout(tuple(pieces), starts, tuple(segments), channels, offset)
 
 
 def _gather_copy(t: torch.Tensor, layout: Layout) -> torch.Tensor:
@@ -129,7 +135,7 @@ def _scatter_copy(t: torch.Tensor, layout: Layout) -> torch.Tensor:
         else:
             target.copy_(piece)
             written.add(s.index)
-    for index, (start, (mul, dim)) in enumerate(zip(_starts(layout.pieces), layout.pieces)):
+    for index, (start, (mul, dim)) in enumerate(zip(layout.starts, layout.pieces)):
         if index not in written:
             out.narrow(-1, start, mul * dim).zero_()
     return out
@@ -287,7 +293,7 @@ def _offsets(layout: Layout) -> dict:
 def _rule_arrays(instructions, irreps_in1, irreps_in2, irreps_out, channels, x, y, out, weights) -> list:
     """``[m1, m2, mu, w, C]`` (``w`` None without weights) of every active instruction, concatenated."""
     x_at, out_at = _offsets(x), _offsets(out)
-    y_at = _offsets(y) if y is not None else {(i, True): s for i, s in enumerate(_starts(_pieces(irreps_in2))[:-1])}
+    y_at = _offsets(y) if y is not None else {(i, True): s for i, s in enumerate(_starts(_pieces(irreps_in2)))}
     pieces = []
     for index, ins in enumerate(instructions):
         if not active(ins):

@@ -285,3 +285,77 @@ def test_nothing_to_compute_gives_zeros(generator):
     out = ours(x, y)
     assert ours.rule_for("cpu") is None and ours.weight_numel == 0 and out.shape == (4, 11)
     assert torch.equal(out, theirs(x, y)) and not out.any()
+
+
+TRITON_CHECK = """
+import torch
+from e3nn import o3
+from sparse_accumulation.e3nn import TensorProduct
+torch.set_default_dtype(torch.float64)
+irreps, sh = "4x0e + 4x1o + 4x2e", "0e + 1o + 2e + 3o"
+i1, i2 = o3.Irreps(irreps), o3.Irreps(sh)
+instructions = [(a, b, c, "uvu", True) for a, (_, r1) in enumerate(i1) for b, (_, r2) in enumerate(i2)
+                for c, (_, r) in enumerate(i1) if r in r1 * r2]
+theirs = o3.TensorProduct(irreps, sh, irreps, instructions, shared_weights=False)
+ours = TensorProduct(irreps, sh, irreps, instructions, shared_weights=False, implementation="triton")
+assert ours.rule_for("cpu").input_sizes == (9, 16)  # the channel layout, as on CUDA
+x, y = i1.randn(40, -1, requires_grad=True), i2.randn(40, -1, requires_grad=True)
+w = torch.randn(40, theirs.weight_numel, requires_grad=True)
+a, b = theirs(x, y, w), ours(x, y, w)
+assert (a - b).abs().max() < 1e-12 * a.abs().max()
+for g, h in zip(torch.autograd.grad(a.pow(2).sum(), (x, y, w)), torch.autograd.grad(b.pow(2).sum(), (x, y, w))):
+    assert (g - h).abs().max() < 1e-12 * g.abs().max()
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_triton_kernels_interpreted_match_e3nn():
+    """The channel layout through the Triton kernels (interpreted on CPU, in a process of its own)."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    environment = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    result = subprocess.run([sys.executable, "-c", TRITON_CHECK], capture_output=True, text=True, env=environment,
+                            cwd=root, timeout=600)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cuda_matches_e3nn(generator, dtype):
+    """On CUDA tensors (the channel layout, the default kernels): values and gradients of the NequIP case."""
+    theirs, ours = pair(*NEQUIP, uvu_instructions(*NEQUIP), shared_weights=False, implementation=None)
+    theirs, ours = theirs.cuda(), ours.cuda()
+    assert ours.rule_for("cuda").input_sizes == (9, 16)
+    x, y, weight = (t.detach().to("cuda", dtype).requires_grad_() for t in inputs(generator, theirs, lead_x=(300,),
+                                                                                   lead_y=(300,), lead_w=(300,)))
+    expected = theirs.to(dtype)(x, y, weight)
+    out = ours(x, y, weight)
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-5
+    assert relative_error(out, expected) < tolerance
+    G = torch.randn_like(expected)
+    for a, b in zip(torch.autograd.grad((out * G).sum(), (x, y, weight)),
+                    torch.autograd.grad((expected * G).sum(), (x, y, weight))):
+        assert relative_error(a, b) < tolerance
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_torch_compile_fullgraph(generator, layout):
+    """The module compiles without graph breaks (the relayout of the channel layout included)."""
+    theirs, ours = pair("2x0e + 2x1o", "0e + 1o", "2x0e + 2x1o + 2x1e",
+                        uvu_instructions("2x0e + 2x1o", "0e + 1o", "2x0e + 2x1o + 2x1e"), shared_weights=False,
+                        layout=layout)
+    x, y, weight = inputs(generator, theirs)
+    compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+    out = compiled(x, y, weight)
+    expected = theirs(x, y, weight)
+    assert relative_error(out, expected) < 1e-12
+    grads = torch.autograd.grad(out.pow(2).sum(), (x, y, weight))
+    for a, b in zip(grads, torch.autograd.grad(expected.pow(2).sum(), (x, y, weight))):
+        assert relative_error(a, b) < 1e-12
