@@ -20,7 +20,7 @@ each call, CUDA events on CUDA):
 * ``fwd+bwd``: the forward and ``out.backward(G)``, the gradients of x, Y and the weights;
 * ``relayout``: what our layout conversions cost inside our forward (the copies of x into and of the output
   out of the channel layout used on CUDA; on the CPU the operands are e3nn's tensors themselves, nothing is
-  copied), timed alone.
+  copied, unless ``--layout channels``), timed alone.
 
 Ratios are e3nn / ours (> 1: ours is faster). e3nn is timed up to ``--e3nn-max-edges`` edges (default:
 every size on CUDA, 10^5 on the CPU, where its forward+backward takes tens of seconds per call at 10^5).
@@ -60,8 +60,9 @@ def uvu_instructions(irreps_in1, irreps_in2, irreps_out) -> list:
             for io, (_, ir_out) in enumerate(irreps_out) if ir_out in ir1 * ir2]
 
 
-def make_products(channels: int, implementation):
-    """``(e3nn's TensorProduct, ours)``, float64 coefficients (cast to the inputs' dtype on the call)."""
+def make_products(channels: int, implementation, layout: str = "auto"):
+    """``(e3nn's TensorProduct, ours)``, float64 coefficients (cast to the inputs' dtype on the call);
+    ``layout="channels"`` gives ours the channel layout on every device."""
     from e3nn import o3
 
     irreps = [o3.Irreps(i) for i in nequip_irreps(channels)]
@@ -71,7 +72,7 @@ def make_products(channels: int, implementation):
     try:
         theirs = o3.TensorProduct(*irreps, instructions, shared_weights=False, internal_weights=False)
         ours = TensorProduct(*irreps, instructions, shared_weights=False, internal_weights=False,
-                             implementation=implementation)
+                             implementation=implementation, channels=channels if layout == "channels" else None)
     finally:
         torch.set_default_dtype(previous)
     return theirs, ours
@@ -193,6 +194,9 @@ def main(argv=None):
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--implementation", default=None,
                         help="our kernels (default: the library default for the device)")
+    parser.add_argument("--layout", choices=["auto", "channels"], default="auto",
+                        help="our operands: the library's choice for the device (CPU: e3nn's rows), or the "
+                             "channel layout CUDA uses, on any device (to time its copies)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--max-seconds", type=float, default=120.0,
                         help="stop sampling a timing after this long (at least one sample is taken)")
@@ -206,9 +210,9 @@ def main(argv=None):
     e3nn_max = args.e3nn_max_edges if args.e3nn_max_edges is not None else (
         float("inf") if device.type == "cuda" else 1e5)
 
-    checked = [module.to(device) for module in make_products(args.channels, args.implementation)]  # float64
-    theirs, ours = (module.to(device=device, dtype=dtype) for module in make_products(args.channels,
-                                                                                      args.implementation))
+    checked = [module.to(device) for module in make_products(args.channels, args.implementation, args.layout)]
+    theirs, ours = (module.to(device=device, dtype=dtype)
+                    for module in make_products(args.channels, args.implementation, args.layout))
     plan = ours._plan_for(device)[0]
     meta = {"command": "python benchmarks/tensor_product.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": str(device), "machine": machine(device), "versions": versions(), "dtype": args.dtype,
