@@ -29,8 +29,11 @@ inside a block) converts to and from this layout with :func:`to_e3nn_layout` / :
 
 All paths of a product are concatenated, with block offsets, into a single rule over the concatenated
 components, held as buffers, so a product costs one kernel launch forward and one per gradient. Learnable
-per-path weights are folded into the coefficients (``C[k] * weight[path[k]]``), so they stay in that one call
-and receive their gradient through ``dC``.
+per-path weights (``weights=True``) are folded into the coefficients (``C[k] * weight[path[k]]``), so they
+stay in that one call and receive their gradient through ``dC``. Per-row weights (``weights="per_row"``, a
+``W[..., channels, n_paths]`` operand given at call time, as the radial network of a message-passing layer
+makes them per edge and channel) are the third operand of a weighted rule (``w[k] = path[k]``): the kernels
+read ``W`` once per row, in the same single call.
 
 Complex inputs (complex64 / complex128) run the same real kernels on ``torch.view_as_real`` data: the rule
 is rewritten over components ``2 m + {0: real, 1: imaginary}``, four real nonzeros per complex one,
@@ -65,6 +68,7 @@ __all__ = [
 IrrepsLike = Union[int, Sequence[Sequence[int]]]
 PARITIES = ("all", "even")
 NORMALIZATIONS = ("none", "component", "norm")
+WEIGHTS = (False, True, "per_row")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -289,7 +293,9 @@ class ClebschGordanProduct(torch.nn.Module):
             ``sqrt((2l1+1)(2l2+1) / sum_k C_k^2)``); or a callable ``(l1, l2, L) -> float``. With
             ``basis="e3nn"``, ``"component"`` and ``"norm"`` equal e3nn's ``irrep_normalization`` of the same
             name, and ``lambda l1, l2, L: (2 * L + 1) ** -0.5`` equals e3nn's ``"none"``.
-        weights: learn one weight per path (initialized to 1), multiplied into the coefficients.
+        weights: ``False`` (none); ``True``: learn one weight per path (initialized to 1), multiplied into the
+            coefficients; ``"per_row"``: :meth:`forward` takes a third operand ``W[..., channels, n_paths]``
+            whose ``W[..., p]`` multiplies path ``p`` (weights computed per edge and channel).
         dtype: dtype of the coefficients and weights (default: torch's default dtype). Inputs of another
             floating dtype use coefficients cast to theirs.
         implementation: passed to :func:`sparse_accumulation.accumulate`.
@@ -297,10 +303,12 @@ class ClebschGordanProduct(torch.nn.Module):
     Attributes:
         irreps1, irreps2, irreps_out: normalized descriptions; ``dim1``, ``dim2``, ``dim_out`` their sizes.
         paths: tuple of :class:`Path` in output order.
-        weight: the ``[n_paths]`` parameter, or ``None``.
+        weight: the ``[n_paths]`` parameter (``weights=True``), or ``None``.
+        per_row: whether :meth:`forward` takes per-row weights ``W``.
 
     Complex inputs (both complex64 or both complex128) are supported in every basis (the coefficients are
-    real); the ``"complex"`` basis is the one for complex spherical features.
+    real); the ``"complex"`` basis is the one for complex spherical features. Per-row weights stay real with
+    complex inputs (``W`` of the matching real dtype: float32 for complex64, float64 for complex128).
 
     The indices are held as :class:`~sparse_accumulation.rules.Rule` objects (``rule``, ``rule_complex``) that
     no call reads; the coefficient buffers are constant and not in the state dict (under
@@ -310,7 +318,7 @@ class ClebschGordanProduct(torch.nn.Module):
 
     def __init__(self, irreps1: IrrepsLike, irreps2: IrrepsLike, lmax_out: int | None = None, *,
                  l_out: Sequence[int] | None = None, parity: str = "all", basis: str = "real",
-                 normalization: Union[str, Callable] = "none", weights: bool = False, dtype=None,
+                 normalization: Union[str, Callable] = "none", weights: Union[bool, str] = False, dtype=None,
                  implementation=None):
         super().__init__()
         self.irreps1, self.irreps2 = normalize_irreps(irreps1), normalize_irreps(irreps2)
@@ -322,6 +330,9 @@ class ClebschGordanProduct(torch.nn.Module):
             raise ValueError(f"basis must be one of {tuple(cg.BASES)}, got {basis!r}")
         if not callable(normalization) and normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {NORMALIZATIONS} or a callable, got {normalization!r}")
+        if isinstance(weights, str) and weights != "per_row":
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {weights!r}")
+        self.per_row = weights == "per_row"
         blocks1, blocks2 = _blocks(self.irreps1), _blocks(self.irreps2)
         lmax1, lmax2 = max(l for l, _ in blocks1), max(l for l, _ in blocks2)
         if l_out is not None:
@@ -362,7 +373,7 @@ class ClebschGordanProduct(torch.nn.Module):
         self.rule = self._register_rule("", rule, (self.dim1, self.dim2, self.dim_out), dtype)
         self.rule_complex = self._register_rule("_complex", _complex_rule(*rule),
                                                 (2 * self.dim1, 2 * self.dim2, 2 * self.dim_out), dtype)
-        if weights:
+        if weights and not self.per_row:
             self.weight = torch.nn.Parameter(torch.ones(len(paths), dtype=dtype))
         else:
             self.register_parameter("weight", None)
@@ -374,6 +385,8 @@ class ClebschGordanProduct(torch.nn.Module):
         m1, m2, mu, C, path = rule
         self.register_buffer("path_index" + suffix, torch.as_tensor(path, dtype=torch.int64), persistent=False)
         self.register_buffer("C" + suffix, torch.as_tensor(C, dtype=dtype), persistent=False)
+        if self.per_row:  # the path of each nonzero indexes the weight operand
+            return Rule(m1, m2, mu, sizes[2], input_sizes=sizes[:2], w=path, weight_size=len(self.paths))
         return Rule(m1, m2, mu, sizes[2], input_sizes=sizes[:2])
 
     @property
@@ -397,18 +410,51 @@ class ClebschGordanProduct(torch.nn.Module):
             raise ValueError(f"{name} must be [..., channels, {dim}] for irreps {irreps}, got shape {tuple(X.shape)}")
         return X
 
-    def forward(self, X1, X2) -> torch.Tensor:
+    def _row_weights(self, W, X1):
+        """``W`` checked against the product's weights mode (``None`` without per-row weights)."""
+        if not self.per_row:
+            if W is not None:
+                raise ValueError('W was given but the product has no per-row weights (make it with weights="per_row")')
+            return None
+        if W is None:
+            raise ValueError('W [..., channels, n_paths] is required: the product was made with weights="per_row"')
+        if not isinstance(W, torch.Tensor):
+            raise TypeError(f"W must be a torch.Tensor, got {type(W).__name__}")
+        if W.dim() < 1 or W.shape[-1] != self.n_paths:
+            raise ValueError(f"W must be [..., channels, {self.n_paths}] (one weight per path), got shape {tuple(W.shape)}")
+        if X1.is_complex():
+            real = X1.real.dtype
+            if W.dtype != real:
+                raise TypeError(f"W must be real with dtype {real} for inputs of dtype {X1.dtype}, got {W.dtype} "
+                                "(per-row weights stay real with complex features)")
+        return W
+
+    def forward(self, X1, X2, W=None) -> torch.Tensor:
+        """The product ``[..., channels, dim_out]`` of ``X1 [..., channels, dim1]`` and ``X2 [..., channels, dim2]``.
+
+        Args:
+            X1, X2: the features (tensors in the concatenated layout, or dicts / lists by degree); leading
+                dimensions broadcast (``X2`` as ``[..., 1, dim2]`` is shared by every channel, not copied).
+            W: with ``weights="per_row"`` only (and required then): ``[..., channels, n_paths]``, leading
+                dimensions broadcasting with the inputs'; path ``p`` is multiplied by ``W[..., p]``. Same
+                floating dtype and device as the inputs (their real dtype for complex inputs).
+
+        Raises:
+            ValueError: shapes that do not fit or broadcast, ``W`` missing or unexpected.
+            TypeError: dtypes that differ, complex ``W``.
+        """
         X1 = self._input(X1, self.irreps1, self.dim1, "X1")
         X2 = self._input(X2, self.irreps2, self.dim2, "X2")
+        W = self._row_weights(W, X1)
         if X1.is_complex() or X2.is_complex():
             if X1.dtype != X2.dtype:
                 raise TypeError(f"complex inputs must have the same dtype, got {X1.dtype} and {X2.dtype}")
             x1 = torch.view_as_real(X1.resolve_conj()).flatten(-2)
             x2 = torch.view_as_real(X2.resolve_conj()).flatten(-2)
-            out = accumulate_rule(x1, x2, self.rule_complex, self.coefficients(x1.dtype, complex_rule=True),
+            out = accumulate_rule(x1, x2, self.rule_complex, self.coefficients(x1.dtype, complex_rule=True), W,
                                   implementation=self.implementation)
             return torch.view_as_complex(out.unflatten(-1, (self.dim_out, 2)))
-        return accumulate_rule(X1, X2, self.rule, self.coefficients(X1.dtype), implementation=self.implementation)
+        return accumulate_rule(X1, X2, self.rule, self.coefficients(X1.dtype), W, implementation=self.implementation)
 
     def split(self, out: torch.Tensor) -> dict:
         """Views ``{L: [..., channels, n_L, 2L+1]}`` of an output (path ``j`` of ``L`` at index ``j``)."""
@@ -417,7 +463,7 @@ class ClebschGordanProduct(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"irreps1={self.irreps1}, irreps2={self.irreps2}, irreps_out={self.irreps_out}, "
                 f"paths={self.n_paths}, nnz={self.C.shape[0]}, basis={self.basis!r}, parity={self.parity!r}, "
-                f"weights={self.weight is not None}")
+                f"weights={'per_row' if self.per_row else self.weight is not None}")
 
 
 class ClebschGordanIteration(torch.nn.Module):
@@ -435,7 +481,8 @@ class ClebschGordanIteration(torch.nn.Module):
         nu_max: highest body order (``>= 1``; ``1`` returns ``[X]``).
         lmax_out: largest degree kept at every step (default: the largest degree of ``X^1``).
         parity, basis, normalization, weights, dtype, implementation: as :class:`ClebschGordanProduct`,
-            for every step (each step has its own weights).
+            for every step (each step has its own weights; ``weights="per_row"`` raises ``ValueError``, since
+            ``forward`` takes no ``W``).
     """
 
     def __init__(self, irreps: IrrepsLike, nu_max: int, lmax_out: int | None = None, **options):
@@ -447,6 +494,9 @@ class ClebschGordanIteration(torch.nn.Module):
         if nu_max < 1:
             raise ValueError("nu_max must be at least 1")
         lmax_out = max(l for _, l in first) if lmax_out is None else _check_int(lmax_out, "lmax_out")
+        if options.get("weights") == "per_row":
+            raise ValueError('ClebschGordanIteration takes no per-row weights (its forward has no W); call '
+                             'ClebschGordanProduct(..., weights="per_row") for each step instead')
         self.products = torch.nn.ModuleList()
         irreps_all = [first]
         for _ in range(nu_max - 1):

@@ -1,4 +1,5 @@
 """The documentation: its Python code blocks run as written, its sample values are right, Sphinx builds with -W."""
+import importlib.util
 import math
 import re
 import subprocess
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # implementations.rst compiles a function with torch.compile (tens of seconds on a small CPU machine)
 EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementations.rst", marks=pytest.mark.slow),
-                  "benchmarks.rst"]
+                  "benchmarks.rst",
+                  pytest.param("coming_from_e3nn.rst", marks=pytest.mark.skipif(
+                      importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn"))]
 
 
 def python_blocks(path: Path) -> list:
@@ -97,10 +100,12 @@ def test_sphinx_builds_without_warnings(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    for page in ["index", "quickstart", "tutorial", "conventions", "implementations", "benchmarks", "api"]:
+    for page in ["index", "quickstart", "tutorial", "conventions", "implementations", "coming_from_e3nn",
+                 "benchmarks", "api"]:
         assert (tmp_path / "html" / f"{page}.html").is_file()
     api = (tmp_path / "html" / "api.html").read_text(encoding="utf-8")
-    for name in ["sparse_accumulation.accumulate", "CGCalculatorSingle", "cg.clebsch_gordan", "run_benchmark"]:
+    for name in ["sparse_accumulation.accumulate", "CGCalculatorSingle", "cg.clebsch_gordan", "run_benchmark",
+                 "sparse_accumulation.e3nn.TensorProduct"]:
         assert name in api
 
 
