@@ -1,11 +1,17 @@
-"""CPU kernels with numba: row-blocked, parallel over blocks of rows, no races, no ``[rows, nnz]`` buffer.
+"""CPU kernels with numba: row-blocked, parallel over tasks of rows, deterministic, no ``[rows, nnz]`` buffer.
 
-Each parallel iteration copies a block of rows of every input into component-major scratch (``[M, block]``),
-so that the work runs as contiguous, vectorizable loops over the rows of the block; results are written back
-row-major. Nonzeros are visited grouped by the component they write (the rule sorted by ``mu`` for the
-forward, by ``m1`` / ``m2`` for the input gradients) and four at a time, so each accumulator row is loaded
-and stored once per four products. Arrays reach numba as flat buffers plus (row, component) strides, so one
-compiled specialization per dtype serves every memory layout (transposed and broadcast views included).
+Each task walks its rows in blocks; a block of every operand is gathered into component-major scratch
+(``[M, block]``) so that the products run as contiguous, vectorizable loops over the rows of the block, and
+results are scattered back to rows. Rows are addressed through the plan of :mod:`sparse_accumulation.layout`
+(row ``r = a * B + b`` of operand ``i`` starts at ``a * s_a + b * s_b``), so broadcast operands are read in
+place, with stride 0, never expanded. Nonzeros are visited grouped by the component they write (by ``mu`` for
+the forward, by ``m1`` / ``m2`` / ``w`` for the gradients), so each accumulator row is loaded and stored once
+per several products.
+
+The gradient of an operand that broadcasts is summed over its repeated rows without races: where each of its
+rows is reached by one task only (an operand shared along ``B`` with tasks cut at multiples of ``B``) tasks add
+into it directly, otherwise each task fills a private copy and the copies are summed in task order. Tasks are
+cut from the shapes alone, never from the thread count, so results are bitwise reproducible.
 
 16-bit inputs are computed in float32. numba's default threading layer is not safe for concurrent calls
 from several Python threads, so calls are serialized with a lock (each call already uses every core).
@@ -13,8 +19,6 @@ from several Python threads, so calls are serialized with a lock (each call alre
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
-
 import numba
 import numpy as np
 import torch
@@ -22,50 +26,69 @@ import torch
 from .. import layout
 from . import accumulation_dtype
 
-FORWARD_BLOCK = 128
-BACKWARD_BLOCK = 128
+#: rows per block of scratch: long enough for the vector loops, short enough to stay in L1/L2
+BLOCK = 256
+#: at most this many tasks per call (each holds its scratch and, for some broadcasts, a private gradient)
+MAX_TASKS = 16
+#: below this many rows a call runs the serial twin of a kernel: waking the thread pool costs more than the work
+SERIAL_ROWS = 2048
 
-#: below this many rows a call runs on one thread: waking the thread pool costs more than the work
-SERIAL_ROWS = 512
+# how a task writes the gradient of an operand (mode per operand, see _backward)
+_SKIP, _STORE, _ADD_SHARED, _ADD_PRIVATE = 0, 1, 2, 3
 
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 _lock = threading.Lock()
 
 
-@contextmanager
-def _launch(rows: int):
-    """Serialize kernel calls (numba's thread pool is not reentrant) and pick the thread count."""
-    with _lock:
-        if rows >= SERIAL_ROWS:
-            yield
-            return
-        previous = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
-            yield
-        finally:
-            numba.set_num_threads(previous)
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
-
-
 @numba.njit(inline="always")
-def _load_block(x, row_stride, col_stride, first_row, n, scratch):
+def _address(first, n, B, table, offsets, targets):
+    """For rows ``first .. first + n`` and each operand ``i`` (row ``i`` of ``table``: ``A_i, B_i, s_a, s_b``):
+    ``offsets[i, r]``, where the row starts in the operand's buffer, and ``targets[i, r]``, the row of the
+    operand's own (contiguous, ``[A_i, B_i]``) gradient it contributes to."""
+    a = first // B
+    b = first - a * B
     for r in range(n):
-        base = (first_row + r) * row_stride
-        for m in range(scratch.shape[0]):
-            scratch[m, r] = x[base + m * col_stride]
+        for i in range(table.shape[0]):
+            offsets[i, r] = a * table[i, 2] + b * table[i, 3]
+            targets[i, r] = (a if table[i, 0] > 1 else 0) * table[i, 1] + (b if table[i, 1] > 1 else 0)
+        b += 1
+        if b == B:
+            b = 0
+            a += 1
 
 
 @numba.njit(inline="always")
-def _store_block(scratch, first_row, n, out):
+def _gather(x, offsets, col_stride, n, scratch):
+    """``scratch[m, r] = x[offsets[r] + m * col_stride]``."""
+    for m in range(scratch.shape[0]):
+        t = scratch[m]
+        shift = m * col_stride
+        for r in range(n):
+            t[r] = x[offsets[r] + shift]
+
+
+@numba.njit(inline="always")
+def _scatter(scratch, first, n, out):
+    """Rows ``first .. first + n`` of the contiguous ``[rows, width]`` buffer ``out`` from ``scratch[width, n]``."""
     width = scratch.shape[0]
-    for r in range(n):
-        base = (first_row + r) * width
-        for j in range(width):
-            out[base + j] = scratch[j, r]
+    for j in range(width):
+        t = scratch[j]
+        for r in range(n):
+            out[(first + r) * width + j] = t[r]
 
 
 @numba.njit(inline="always")
-def _grouped_products(target, a, b, c, ia, ib, starts, n):
+def _scatter_add(scratch, targets, n, out, base):
+    """``out[base + targets[r] * width + j] += scratch[j, r]``, in row order (several rows may share a target)."""
+    width = scratch.shape[0]
+    for j in range(width):
+        t = scratch[j]
+        for r in range(n):
+            out[base + targets[r] * width + j] += t[r]
+
+
+@numba.njit(inline="always")
+def _products(target, a, b, c, ia, ib, starts, n):
     """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n]``."""
     for j in range(target.shape[0]):
         o = target[j]
@@ -87,109 +110,159 @@ def _grouped_products(target, a, b, c, ia, ib, starts, n):
 
 
 @numba.njit(inline="always")
-def _grouped_products_and_sums(target, own, a, b, c, ia, ib, starts, order, n, partial, zero):
-    """:func:`_grouped_products`, plus ``partial[order[k]] = sum_r own[j, r] * a[ia[k], r] * b[ib[k], r]``.
-
-    With ``target`` the gradient of ``own`` this gives dC for free: the products ``a * b`` are already loaded.
-    """
+def _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n):
+    """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n] * w[iw[k], :n]``."""
     for j in range(target.shape[0]):
         o = target[j]
-        x = own[j]
         k = starts[j]
         end = starts[j + 1]
-        while k + 4 <= end:
-            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
-            a1, b1, c1 = a[ia[k + 1]], b[ib[k + 1]], c[k + 1]
-            a2, b2, c2 = a[ia[k + 2]], b[ib[k + 2]], c[k + 2]
-            a3, b3, c3 = a[ia[k + 3]], b[ib[k + 3]], c[k + 3]
-            s0 = s1 = s2 = s3 = zero
+        while k + 2 <= end:
+            a0, b0, w0, c0 = a[ia[k]], b[ib[k]], w[iw[k]], c[k]
+            a1, b1, w1, c1 = a[ia[k + 1]], b[ib[k + 1]], w[iw[k + 1]], c[k + 1]
             for r in range(n):
-                p0 = a0[r] * b0[r]
-                p1 = a1[r] * b1[r]
-                p2 = a2[r] * b2[r]
-                p3 = a3[r] * b3[r]
-                o[r] += (c0 * p0 + c1 * p1) + (c2 * p2 + c3 * p3)
-                s0 += x[r] * p0
-                s1 += x[r] * p1
-                s2 += x[r] * p2
-                s3 += x[r] * p3
-            partial[order[k]] = s0
-            partial[order[k + 1]] = s1
-            partial[order[k + 2]] = s2
-            partial[order[k + 3]] = s3
-            k += 4
-        while k < end:
-            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
-            s0 = zero
+                o[r] += c0 * a0[r] * b0[r] * w0[r] + c1 * a1[r] * b1[r] * w1[r]
+            k += 2
+        if k < end:
+            a0, b0, w0, c0 = a[ia[k]], b[ib[k]], w[iw[k]], c[k]
             for r in range(n):
-                p0 = a0[r] * b0[r]
-                o[r] += c0 * p0
-                s0 += x[r] * p0
-            partial[order[k]] = s0
-            k += 1
+                o[r] += c0 * a0[r] * b0[r] * w0[r]
+
+
+@numba.njit(inline="always")
+def _any_products(target, a, b, w, c, ia, ib, iw, starts, n, weighted):
+    if weighted:
+        _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n)
+    else:
+        _products(target, a, b, c, ia, ib, starts, n)
+
+
+@numba.njit(inline="always")
+def _permuted(c, order):
+    """``c[order]`` (in the kernel: cheaper than a numpy fancy index per call)."""
+    out = np.empty_like(c)
+    for k in range(order.shape[0]):
+        out[k] = c[order[k]]
+    return out
+
+
+@numba.njit(inline="always")
+def _scratch(sizes, operands, dtype):
+    """A task's scratch: blocks of X1, X2 and W (``[M, BLOCK]``) and the rows' offsets and gradient targets."""
+    return (np.empty((sizes[0], BLOCK), dtype=dtype), np.empty((sizes[1], BLOCK), dtype=dtype),
+            np.empty((sizes[2], BLOCK), dtype=dtype), np.empty((operands, BLOCK), dtype=np.int64),
+            np.empty((operands, BLOCK), dtype=np.int64))
+
+
+@numba.njit(inline="always")
+def _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets):
+    """Address rows ``first .. first + n`` and gather the block of X1, X2 and (if ``weighted``) W."""
+    _address(first, n, B, table, offsets, targets)
+    _gather(x1, offsets[0], table[0, 4], n, t1)
+    _gather(x2, offsets[1], table[1, 4], n, t2)
+    if weighted:
+        _gather(x3, offsets[2], table[2, 4], n, t3)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
-def _forward(x1, s1r, s1m, M1, x2, s2r, s2m, M2, c, m1, m2, starts, out, output_size, rows, block):
-    n_blocks = (rows + block - 1) // block
-    for index in numba.prange(n_blocks):
-        first = index * block
-        n = min(block, rows - first)
-        t1 = np.empty((M1, block), dtype=out.dtype)
-        t2 = np.empty((M2, block), dtype=out.dtype)
-        acc = np.zeros((output_size, block), dtype=out.dtype)
-        _load_block(x1, s1r, s1m, first, n, t1)
-        _load_block(x2, s2r, s2m, first, n, t2)
-        _grouped_products(acc, t1, t2, c, m1, m2, starts, n)
-        _store_block(acc, first, n, out)
+def _forward(x1, x2, x3, table, sizes, c, order, i1, i2, i3, starts, out, rows, B, span, tasks, weighted):
+    """``out[r, mu] += c * x1[m1] * x2[m2] (* x3[w])`` over rows ``0 .. rows``; ``order`` sorts the nonzeros by
+    ``mu`` (``starts``: the groups; ``i1, i2, i3`` are in that order already, ``c`` is not);
+    ``table[i] = (A_i, B_i, s_a, s_b, col_stride)`` of operand ``i``; ``sizes = (M1, M2, Mw, O)``; task ``t``
+    does rows ``t * span ..``."""
+    ck = _permuted(c, order)
+    for task in numba.prange(tasks):
+        t1, t2, t3, offsets, targets = _scratch(sizes, table.shape[0], out.dtype)
+        acc = np.empty((sizes[3], BLOCK), dtype=out.dtype)
+        end = min(rows, (task + 1) * span)
+        for first in range(task * span, end, BLOCK):
+            n = min(BLOCK, end - first)
+            _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets)
+            acc[:] = 0
+            _any_products(acc, t1, t2, t3, ck, i1, i2, i3, starts, n, weighted)
+            _scatter(acc, first, n, out)
+
+
+@numba.njit(inline="always")
+def _write(scratch, first, n, d, targets, mode, task, private_size):
+    """Write a block of an operand's gradient as its ``mode`` says (private copies ``private_size`` apart)."""
+    if mode == _STORE:
+        _scatter(scratch, first, n, d)
+    elif mode == _ADD_SHARED:
+        _scatter_add(scratch, targets, n, d, 0)
+    elif mode == _ADD_PRIVATE:
+        _scatter_add(scratch, targets, n, d, task * private_size)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract", "reassoc"})
-def _backward(g, sgr, sgm, output_size, x1, s1r, s1m, M1, x2, s2r, s2m, M2,
-              c_1, mu_1, m2_1, starts_1, order_1, c_2, m1_2, mu_2, starts_2, m1, m2, mu,
-              d1, d2, partial, rows, block, zero, want_x1, want_x2, want_c):
-    n_blocks = (rows + block - 1) // block
-    for index in numba.prange(n_blocks):
-        first = index * block
-        n = min(block, rows - first)
-        tg = np.empty((output_size, block), dtype=x1.dtype)
-        t1 = np.empty((M1, block), dtype=x1.dtype)
-        t2 = np.empty((M2, block), dtype=x1.dtype)
-        _load_block(g, sgr, sgm, first, n, tg)
-        _load_block(x1, s1r, s1m, first, n, t1)
-        _load_block(x2, s2r, s2m, first, n, t2)
-        if want_x1:  # dX1[m1] += C G[mu] X2[m2], grouped by m1 (and dC on the way when wanted)
-            a1 = np.zeros((M1, block), dtype=x1.dtype)
-            if want_c:
-                _grouped_products_and_sums(a1, t1, tg, t2, c_1, mu_1, m2_1, starts_1, order_1, n,
-                                           partial[index], zero)
-            else:
-                _grouped_products(a1, tg, t2, c_1, mu_1, m2_1, starts_1, n)
-            _store_block(a1, first, n, d1)
-        if want_x2:  # dX2[m2] += C X1[m1] G[mu], grouped by m2
-            a2 = np.zeros((M2, block), dtype=x1.dtype)
-            _grouped_products(a2, t1, tg, c_2, m1_2, mu_2, starts_2, n)
-            _store_block(a2, first, n, d2)
-        if want_c and not want_x1:  # dC[k] = sum_r G[mu] X1[m1] X2[m2], one partial sum per block
-            for k in range(m1.shape[0]):
-                u, v, w = tg[mu[k]], t1[m1[k]], t2[m2[k]]
-                total = zero
-                for r in range(n):
-                    total += u[r] * v[r] * w[r]
-                partial[index, k] = total
+def _backward(g, x1, x2, x3, table, sizes,
+              c, o1, f1a, f1b, f1w, starts1, o2, f2a, f2b, f2w, starts2, o3, f3a, f3b, f3c, starts3,
+              m1, m2, mu, w, d1, d2, d3, modes, private_sizes, partial, rows, B, span, tasks, weighted, want_c, zero):
+    """Gradients of :func:`_forward` for the output gradient ``g`` (operand 3 of ``table``): ``d1`` grouped by
+    ``m1`` (``f1a, f1b, f1w`` index ``g, x2, x3``), ``d2`` by ``m2`` (``x1, g, x3``), ``d3`` by ``w``
+    (``x1, x2, g``), each written as ``modes[i]`` says (private copies ``private_sizes[i]`` apart);
+    ``partial[task, k]`` the task's share of ``dC[k]``."""
+    c1, c2, c3 = _permuted(c, o1), _permuted(c, o2), _permuted(c, o3)
+    for task in numba.prange(tasks):
+        t1, t2, t3, offsets, targets = _scratch(sizes, table.shape[0], x1.dtype)
+        tg = np.empty((sizes[3], BLOCK), dtype=x1.dtype)
+        acc = np.empty((max(sizes[0], sizes[1], sizes[2]), BLOCK), dtype=x1.dtype)
+        end = min(rows, (task + 1) * span)
+        for first in range(task * span, end, BLOCK):
+            n = min(BLOCK, end - first)
+            _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets)
+            _gather(g, offsets[3], table[3, 4], n, tg)
+            if modes[0] != _SKIP:  # dX1[m1] += C G[mu] X2[m2] (W[w])
+                a1 = acc[:sizes[0]]
+                a1[:] = 0
+                _any_products(a1, tg, t2, t3, c1, f1a, f1b, f1w, starts1, n, weighted)
+                _write(a1, first, n, d1, targets[0], modes[0], task, private_sizes[0])
+            if modes[1] != _SKIP:  # dX2[m2] += C X1[m1] G[mu] (W[w])
+                a2 = acc[:sizes[1]]
+                a2[:] = 0
+                _any_products(a2, t1, tg, t3, c2, f2a, f2b, f2w, starts2, n, weighted)
+                _write(a2, first, n, d2, targets[1], modes[1], task, private_sizes[1])
+            if modes[2] != _SKIP:  # dW[w] += C X1[m1] X2[m2] G[mu]
+                a3 = acc[:sizes[2]]
+                a3[:] = 0
+                _weighted_products(a3, t1, t2, tg, c3, f3a, f3b, f3c, starts3, n)
+                _write(a3, first, n, d3, targets[2], modes[2], task, private_sizes[2])
+            if want_c:  # dC[k] = sum over rows of G[mu] X1[m1] X2[m2] (W[w])
+                for k in range(m1.shape[0]):
+                    u, v, s = tg[mu[k]], t1[m1[k]], t2[m2[k]]
+                    total = zero
+                    if weighted:
+                        q = t3[w[k]]
+                        for r in range(n):
+                            total += u[r] * v[r] * s[r] * q[r]
+                    else:
+                        for r in range(n):
+                            total += u[r] * v[r] * s[r]
+                    partial[task, k] += total
 
 
-def _flat(x: torch.Tensor, dtype: torch.dtype):
-    """``(buffer, row_stride, col_stride)`` for a 2-D tensor: a flat numpy view spanning its elements."""
-    x = x.detach()
-    if x.dtype != dtype:
-        x = x.to(dtype)
-    rows, cols = x.shape
-    row_stride, col_stride = x.stride()
-    if rows == 0 or cols == 0:
-        return np.zeros(1, dtype=_NUMPY[dtype]), 0, 0
-    span = 1 + (rows - 1) * row_stride + (cols - 1) * col_stride
-    return x.as_strided((span,), (1,)).numpy(), row_stride, col_stride
+_forward_serial = numba.njit(cache=True, fastmath={"contract"})(_forward.py_func)
+_backward_serial = numba.njit(cache=True, fastmath={"contract", "reassoc"})(_backward.py_func)
+
+
+def _kernel(parallel, serial, rows: int):
+    """The kernel for a call of ``rows`` rows: the serial twin below :data:`SERIAL_ROWS` (no thread pool)."""
+    return serial if rows < SERIAL_ROWS else parallel
+
+
+def _operand(t: torch.Tensor, folded, rows, dtype: torch.dtype):
+    """``(flat numpy buffer, [A_i, B_i, s_a, s_b, col_stride])`` of an operand, converted to ``dtype``."""
+    t = t.detach()
+    if t.dtype != dtype:
+        converted = t.to(dtype)
+        if converted.stride() != t.stride():  # a conversion may lay out an overlapping view anew
+            folded = folded[:2] + tuple(rows.strides_of(converted))
+        t = converted
+    A_i, B_i, s_a, s_b = folded
+    M, col_stride = t.shape[-1], t.stride(-1)
+    if A_i * B_i * M == 0:
+        return np.zeros(1, dtype=_NUMPY[dtype]), [A_i, B_i, 0, 0, 0]
+    span = 1 + (A_i - 1) * s_a + (B_i - 1) * s_b + (M - 1) * col_stride
+    return t.as_strided((span,), (1,)).numpy(), [A_i, B_i, s_a, s_b, col_stride]
 
 
 def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -198,88 +271,115 @@ def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.empty(shape, dtype=_NUMPY[dtype]))
 
 
-def _coefficients(C: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
-    return C.detach().to(dtype).contiguous().numpy()
+def _tasks(count: int, B: int, align: bool) -> tuple:
+    """``(tasks, span)``: rows per task, from the shape only; a multiple of ``B`` when ``align``."""
+    tasks = max(1, min(MAX_TASKS, -(-count // BLOCK)))
+    span = -(-count // tasks)
+    if align:
+        span = -(-span // B) * B
+    span = max(span, 1)
+    return -(-count // span), span
 
 
-def _accumulate_rows(X1, X2, C, rule, output_size):
-    """``out[r, mu[k]] += X1[r, m1[k]] * X2[r, m2[k]] * C[k]`` on 2-D ``[rows, M]`` operands."""
-    dtype = accumulation_dtype(X1.dtype)
-    rows = X1.shape[0]
-    out = _empty((rows, output_size), dtype)
-    if rows and output_size:
-        order, starts = rule.grouped_by("mu")
-        m1, m2 = rule.array("m1"), rule.array("m2")
-        x1, s1r, s1m = _flat(X1, dtype)
-        x2, s2r, s2m = _flat(X2, dtype)
-        c = _coefficients(C, dtype)[order]
-        with _launch(rows):
-            _forward(x1, s1r, s1m, X1.shape[1], x2, s2r, s2m, X2.shape[1], c, m1[order], m2[order], starts,
-                     out.view(-1).numpy(), output_size, rows, FORWARD_BLOCK)
-    return out.to(X1.dtype)
-
-
-def _backward_rows(G, X1, X2, C, rule, want_x1=True, want_x2=True, want_c=True):
-    """Gradients ``(dX1, dX2, dC)`` of :func:`_accumulate_rows` in one pass over the rows (``None`` where not
-    wanted)."""
-    dtype = accumulation_dtype(X1.dtype)
-    rows, (M1, M2) = X1.shape[0], rule.input_sizes
-    d1 = _empty((rows, M1) if want_x1 else (0,), dtype)
-    d2 = _empty((rows, M2) if want_x2 else (0,), dtype)
-    n_blocks = (rows + BACKWARD_BLOCK - 1) // BACKWARD_BLOCK
-    partial = np.zeros((n_blocks if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
-    if rows and (want_x1 or want_x2 or want_c):
-        m1, m2, mu = rule.array("m1"), rule.array("m2"), rule.array("mu")
-        order_1, starts_1 = rule.grouped_by("m1")
-        order_2, starts_2 = rule.grouped_by("m2")
-        g, sgr, sgm = _flat(G, dtype)
-        x1, s1r, s1m = _flat(X1, dtype)
-        x2, s2r, s2m = _flat(X2, dtype)
-        c = _coefficients(C, dtype)
-        with _launch(rows):
-            _backward(g, sgr, sgm, G.shape[1], x1, s1r, s1m, M1, x2, s2r, s2m, M2,
-                      c[order_1], mu[order_1], m2[order_1], starts_1, order_1,
-                      c[order_2], m1[order_2], mu[order_2], starts_2, m1, m2, mu,
-                      d1.view(-1).numpy(), d2.view(-1).numpy(), partial, rows, BACKWARD_BLOCK,
-                      _NUMPY[dtype](0), want_x1, want_x2, want_c)
-    # dC sums the per-block partials in float64 in a fixed order: deterministic and accurate.
-    dC = torch.from_numpy(partial.sum(axis=0, dtype=np.float64)).to(X1.dtype) if want_c else None
-    return (d1.to(X1.dtype) if want_x1 else None, d2.to(X1.dtype) if want_x2 else None, dC)
-
-
-def _rows(t, folded, A, B):
-    return layout.view3(t, folded).expand(A, B, t.shape[-1]).reshape(A * B, t.shape[-1])
-
-
-def _reduced(grad, like, folded, A, B):
-    grad = grad.reshape(A, B, grad.shape[1])
-    if folded[1] == 1 and B != 1:
-        grad = grad.sum(1, keepdim=True)
-    if folded[0] == 1 and A != 1:
-        grad = grad.sum(0, keepdim=True)
-    return grad.reshape(like.shape).contiguous()
+def _grouped(rule, name: str, factors: tuple, dtype) -> tuple:
+    """``(order, starts, *index arrays of factors)`` of ``rule`` sorted by ``name`` (cached on the rule)."""
+    def build():
+        order, starts = rule.grouped_by(name)
+        arrays = [rule.array(f)[order] if f is not None else np.zeros(len(order), np.int64) for f in factors]
+        return (order, starts) + tuple(np.ascontiguousarray(a) for a in arrays)
+    return rule._cached(("numba", name, factors), build)
 
 
 def accumulate(X1, X2, W, C, rule, rows):
-    """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
-    if W is not None:
-        raise NotImplementedError("the numba kernels do not support weighted rules yet")
-    A, B = rows.A, rows.B
-    (f1, f2) = rows.operands
-    out = _accumulate_rows(_rows(X1, f1, A, B), _rows(X2, f2, A, B), C, rule, rule.output_size)
-    return out.reshape(*rows.lead, rule.output_size)
+    """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
+    dtype = accumulation_dtype(X1.dtype)
+    count, O = rows.count, rule.output_size
+    out = _empty((count, O), dtype)
+    if count and O:
+        weighted = W is not None
+        operands = (X1, X2, W) if weighted else (X1, X2)
+        buffers, table = zip(*(_operand(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
+        x3 = buffers[2] if weighted else buffers[0]
+        table = np.array(list(table) + ([] if weighted else [[1, 1, 0, 0, 0]]), dtype=np.int64)
+        order, starts, i1, i2, i3 = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None), dtype)
+        c = C.detach().to(dtype).contiguous().numpy()
+        sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
+        tasks, span = _tasks(count, rows.B, False)
+        with _lock:
+            _kernel(_forward, _forward_serial, count)(buffers[0], buffers[1], x3, table, sizes, c, order, i1, i2, i3, starts, out.view(-1).numpy(), count,
+                     rows.B, span, tasks, weighted)
+    return out.to(X1.dtype).view(*rows.lead, O)
+
+
+def _gradient_plan(folded, rows, wanted: bool, aligned: bool, tasks: int) -> int:
+    """How tasks write the gradient of an operand of extents ``folded[:2]``."""
+    A_i, B_i = folded[:2]
+    if not wanted:
+        return _SKIP
+    if A_i * B_i == rows.count:
+        return _STORE
+    if tasks == 1 or (A_i == rows.A and B_i == 1 and aligned):
+        return _ADD_SHARED
+    return _ADD_PRIVATE
 
 
 def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True, want_w=False, want_c=True):
     """Gradients ``(dX1, dX2, dW, dC)``; see :mod:`sparse_accumulation.kernels`."""
-    if W is not None:
-        raise NotImplementedError("the numba kernels do not support weighted rules yet")
-    A, B = rows.A, rows.B
-    (f1, f2) = rows.operands
-    if A * B == 0:
-        return (X1.new_zeros(X1.shape) if want_x1 else None, X2.new_zeros(X2.shape) if want_x2 else None, None,
-                C.new_zeros(C.shape) if want_c else None)
-    G = G.reshape(A * B, G.shape[-1])
-    d1, d2, dC = _backward_rows(G, _rows(X1, f1, A, B), _rows(X2, f2, A, B), C, rule, want_x1, want_x2, want_c)
-    return (None if d1 is None else _reduced(d1, X1, f1, A, B), None if d2 is None else _reduced(d2, X2, f2, A, B),
-            None, dC)
+    dtype = accumulation_dtype(X1.dtype)
+    weighted = W is not None
+    operands = (X1, X2, W) if weighted else (X1, X2)
+    wanted = (want_x1, want_x2, want_w and weighted)
+    count = rows.count
+    if count == 0:
+        zeros = [torch.zeros(t.shape, dtype=X1.dtype) if w else None for t, w in zip(operands + (None,), wanted)]
+        return (*zeros[:3], torch.zeros(rule.nnz, dtype=X1.dtype) if want_c else None)
+    G, s_a, s_b = layout.contiguous_rows(G, rows)
+    folds = list(rows.operands) + ([] if weighted else [(1, 1, 0, 0)]) + [(rows.A, rows.B, s_a, s_b)]
+    buffers, table = zip(*(_operand(t, f, rows, dtype) for t, f in
+                           zip(operands + (() if weighted else (X1,)) + (G,), folds)))
+    table = np.array(table, dtype=np.int64)
+    folds = [tuple(int(v) for v in row[:2]) for row in table]
+    # an operand shared along B (A_i == A, B_i == 1) is reduced race-free if no task splits a run of B rows
+    # (when a task holds at least B rows; otherwise private copies of it are small: A is)
+    tasks, span = _tasks(count, rows.B, False)
+    aligned = rows.B <= span and any(w and A_i == rows.A and B_i == 1 < rows.B
+                                     for w, (A_i, B_i) in zip(wanted, folds))
+    if aligned:
+        tasks, span = _tasks(count, rows.B, True)
+    modes = np.array([_gradient_plan(f, rows, w, aligned, tasks) for f, w in zip(folds, wanted)], dtype=np.int64)
+    sizes = [*rule.input_sizes, rule.weight_size if weighted else 1, rule.output_size]
+    private_sizes = np.array([A_i * B_i * M for (A_i, B_i), M in zip(folds, sizes)], dtype=np.int64)
+    grads = []
+    for mode, size in zip(modes, private_sizes):
+        if mode == _SKIP:
+            grads.append(np.zeros(1, dtype=_NUMPY[dtype]))
+        elif mode == _STORE:
+            grads.append(np.empty(size, dtype=_NUMPY[dtype]))
+        else:
+            grads.append(np.zeros(size * (tasks if mode == _ADD_PRIVATE else 1), dtype=_NUMPY[dtype]))
+    c = C.detach().to(dtype).contiguous().numpy()
+    w_name = "w" if weighted else None
+    o1, s1, f1a, f1b, f1w = _grouped(rule, "m1", ("mu", "m2", w_name), dtype)
+    o2, s2, f2a, f2b, f2w = _grouped(rule, "m2", ("m1", "mu", w_name), dtype)
+    if weighted:
+        o3, s3, f3a, f3b, f3c = _grouped(rule, "w", ("m1", "m2", "mu"), dtype)
+    else:
+        o3, s3, f3a, f3b, f3c = o1, s1, f1a, f1a, f1a  # unused
+    partial = np.zeros((tasks if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
+    index = [rule.array(n) if n else np.zeros(rule.nnz, np.int64) for n in ("m1", "m2", "mu", w_name)]
+    with _lock:
+        _kernel(_backward, _backward_serial, count)(buffers[3], buffers[0], buffers[1], buffers[2], table, np.array(sizes, dtype=np.int64),
+                  c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2, o3, f3a, f3b, f3c, s3,
+                  *index, grads[0], grads[1], grads[2], modes, private_sizes, partial, count, rows.B, span, tasks,
+                  weighted, want_c, _NUMPY[dtype](0))
+    results = []
+    for t, mode, grad, size in zip(operands + (None,), modes, grads, private_sizes):
+        if mode == _SKIP or t is None:
+            results.append(None)
+            continue
+        if mode == _ADD_PRIVATE:
+            grad = grad.reshape(tasks, size).sum(axis=0)
+        results.append(torch.from_numpy(grad).to(X1.dtype).view(t.shape))
+    # dC sums the per-task partials in float64 in a fixed order: deterministic and accurate.
+    dC = torch.from_numpy(partial.sum(axis=0, dtype=np.float64)).to(X1.dtype) if want_c else None
+    return results[0], results[1], results[2] if weighted else None, dC

@@ -98,25 +98,6 @@ def test_empty_rule_and_unused_columns_are_zero(generator, implementation):
     assert_close_to(out, oracle(X1, X2, mu, 4, m1, m2, C), torch.float64)
 
 
-def test_numba_blocks_cover_every_row(generator):
-    """Row counts around the kernel's block size: every row is computed, none twice."""
-    from sparse_accumulation.kernels.numba_cpu import BACKWARD_BLOCK, FORWARD_BLOCK
-
-    m1, m2, mu, C = random_rule(generator, 4, 4, 4, nnz=16)
-    C.requires_grad_()
-    sizes = {size + delta for size in (FORWARD_BLOCK, BACKWARD_BLOCK) for delta in (-1, 0, 1)}
-    for rows in sorted(sizes) + [3 * FORWARD_BLOCK + 5]:
-        X1, X2 = _inputs(generator, (rows,), 4, 4, torch.float64)
-        X1.requires_grad_()
-        out = sa.accumulate(X1, X2, mu, 4, m1, m2, C, implementation="numba")
-        assert_close_to(out, oracle(X1, X2, mu, 4, m1, m2, C), torch.float64)
-        G = torch.randn(rows, 4, generator=generator, dtype=torch.float64)
-        got = torch.autograd.grad(out, (X1, C), G)
-        expected = torch.autograd.grad(sa.reference.index_add(X1, X2, mu, 4, m1, m2, C), (X1, C), G)
-        for a, b in zip(got, expected):
-            assert_close_to(a, b, torch.float64)
-
-
 @pytest.mark.parametrize("implementation", ["numba", "torch"])
 def test_results_are_deterministic(generator, implementation):
     m1, m2, mu, C = random_rule(generator, 7, 7, 7, nnz=80, dtype=torch.float32)

@@ -15,9 +15,7 @@ from products_helpers import expand, relative_error
 IRREPS1 = ((1, 0), (2, 1), (1, 2))
 IRREPS2 = ((1, 0), (1, 1), (1, 2), (1, 3))
 
-# Kernels with weighted rules on CPU tensors; "numba" joins this list when its weighted kernels land
-# (until then implementation="auto" raises NotImplementedError for weighted rules on CPU).
-IMPLEMENTATIONS = ["torch", "index_add"]
+IMPLEMENTATIONS = ["numba", "torch", "index_add"]
 
 
 def randn(generator, *shape, dtype=torch.float64):

@@ -1,0 +1,88 @@
+"""The numba kernels at sizes that split a call into blocks and tasks: every row once, broadcast operands read
+in place and their gradients reduced without races, weighted rules, bitwise reproducible across thread counts.
+Each case is checked against float64 ``index_add`` on expanded copies."""
+import numba
+import pytest
+import torch
+
+import sparse_accumulation as sa
+from sparse_accumulation.kernels import numba_cpu
+from accumulation_helpers import assert_close_to, random_rule
+
+# (X1 leading shape, X2 leading shape, W leading shape): several tasks, each broadcast the kernels reduce
+PATTERNS = [
+    ((300, 40), (300, 1), (300, 40)),  # X2 shared along B, tasks cut at multiples of B: added in place
+    ((300, 40), (1, 40), (300, 1)),  # X2 shared along A: private copies per task
+    ((3000,), (1,), (3000,)),  # one X2 row for every row
+    ((3, 3000), (3, 1), (1, 3000)),  # B longer than a task: X2 private, W shared along A
+]
+
+
+def _expanded_reference(operands, lead, rule_arrays, O):
+    m1, m2, mu, w, C = rule_arrays
+    exact = [t.detach().double().requires_grad_() for t in operands]
+    full = [t.expand(*lead, t.shape[-1]) for t in exact[:-1]]
+    out = sa.reference.index_add(full[0], full[1], mu, O, m1, m2, exact[-1],
+                                 **({} if w is None else {"W": full[2], "w": w}))
+    return exact, out
+
+
+def _check(generator, leads, weighted, dtype=torch.float64):
+    M1, M2, Mw, O = 4, 3, 2, 5
+    m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=20, dtype=dtype)
+    w = torch.randint(0, Mw, (20,), generator=generator) if weighted else None
+    sizes = (M1, M2, Mw)[: 3 if weighted else 2]
+    operands = [torch.randn(*lead, size, generator=generator, dtype=torch.float64).to(dtype).requires_grad_()
+                for lead, size in zip(leads, sizes)] + [C.requires_grad_()]
+    lead = torch.broadcast_shapes(*leads[: len(sizes)])
+    rule = sa.Rule(m1, m2, mu, O, w=w, weight_size=Mw if weighted else None)
+    out = sa.accumulate_rule(operands[0], operands[1], rule, operands[-1],
+                             W=operands[2] if weighted else None, implementation="numba")
+    exact, expected = _expanded_reference(operands, lead, (m1, m2, mu, w, C), O)
+    assert_close_to(out, expected, dtype)
+    G = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    got = torch.autograd.grad(out, operands, G.to(dtype))
+    for a, b in zip(got, torch.autograd.grad(expected, exact, G)):
+        assert a.shape == b.shape
+        assert_close_to(a, b, dtype)
+    return out, got
+
+
+def test_blocks_and_tasks_cover_every_row(generator):
+    block, tasks = numba_cpu.BLOCK, numba_cpu.MAX_TASKS
+    for rows in (block - 1, block, block + 1, tasks * block - 1, tasks * block + 1, 3 * tasks * block + 7):
+        _check(generator, [(rows,), (rows,)], weighted=False)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("leads", PATTERNS)
+def test_broadcast_gradients_are_reduced_across_tasks(generator, leads, weighted):
+    _check(generator, leads, weighted)
+
+
+def test_16_bit_broadcast_view_of_an_expanded_tensor(generator):
+    """A stride-0 view converted to float32 is laid out anew; its rows must still be read right."""
+    X2 = torch.randn(300, 1, 3, generator=generator, dtype=torch.float64).to(torch.bfloat16).expand(300, 40, 3)
+    m1, m2, mu, C = random_rule(generator, 4, 3, 5, nnz=20, dtype=torch.bfloat16)
+    X1 = torch.randn(300, 40, 4, generator=generator, dtype=torch.float64).to(torch.bfloat16)
+    out = sa.accumulate(X1, X2, mu, 5, m1, m2, C, implementation="numba")
+    expected = sa.reference.index_add(X1.double(), X2.double(), mu, 5, m1, m2, C.double())
+    assert_close_to(out, expected, torch.bfloat16)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bitwise_reproducible_across_thread_counts(generator, weighted):
+    state = generator.get_state()
+    results = []
+    previous = numba.get_num_threads()
+    try:
+        for threads in (1, previous):
+            numba.set_num_threads(threads)
+            generator.set_state(state)
+            results.append(_check(generator, PATTERNS[1], weighted, dtype=torch.float32))
+    finally:
+        numba.set_num_threads(previous)
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert torch.equal(out_a, out_b)
+    for a, b in zip(grads_a, grads_b):
+        assert torch.equal(a, b)
