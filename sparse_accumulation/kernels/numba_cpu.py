@@ -42,25 +42,35 @@ _lock = threading.Lock()
 
 @numba.njit(inline="always")
 def _address(first, n, B, table, offsets, targets):
-    """For rows ``first .. first + n`` and each operand ``i`` (row ``i`` of ``table``: ``A_i, B_i, s_a, s_b``):
-    ``offsets[i, r]``, where the row starts in the operand's buffer, and ``targets[i, r]``, the row of the
-    operand's own (contiguous, ``[A_i, B_i]``) gradient it contributes to."""
-    a = first // B
-    b = first - a * B
-    for r in range(n):
-        for i in range(table.shape[0]):
-            offsets[i, r] = a * table[i, 2] + b * table[i, 3]
-            targets[i, r] = (a if table[i, 0] > 1 else 0) * table[i, 1] + (b if table[i, 1] > 1 else 0)
-        b += 1
-        if b == B:
-            b = 0
-            a += 1
+    """For rows ``first .. first + n`` and each operand ``i`` (``table[i] = A_i, B_i, s_a, s_b, col_stride,
+    linear, reduced``): ``offsets[i, r]``, where the row starts in the operand's buffer (unless ``linear``), and
+    ``targets[i, r]``, the row of the operand's own contiguous ``[A_i, B_i]`` gradient that it adds to (if
+    ``reduced``)."""
+    for i in range(table.shape[0]):
+        row = table[i]
+        if row[5] and not row[6]:
+            continue
+        a = first // B
+        b = first - a * B
+        for r in range(n):
+            offsets[i, r] = a * row[2] + b * row[3]
+            targets[i, r] = (a if row[0] > 1 else 0) * row[1] + (b if row[1] > 1 else 0)
+            b += 1
+            if b == B:
+                b = 0
+                a += 1
 
 
 @numba.njit(inline="always")
-def _gather(x, offsets, col_stride, n, scratch):
-    """``scratch[m, r] = x[offsets[r] + m * col_stride]``."""
-    for m in range(scratch.shape[0]):
+def _gather(x, row, first, n, offsets, scratch):
+    """``scratch[m, r]``: component ``m`` of row ``first + r`` of an operand (``row``: its line of the table).
+    Rows that lie one after the other in memory are copied as one transposed slice (about twice as fast)."""
+    M = scratch.shape[0]
+    if row[5]:
+        scratch[:, :n] = x[first * M:(first + n) * M].reshape((n, M)).T
+        return
+    col_stride = row[4]
+    for m in range(M):
         t = scratch[m]
         shift = m * col_stride
         for r in range(n):
@@ -71,10 +81,7 @@ def _gather(x, offsets, col_stride, n, scratch):
 def _scatter(scratch, first, n, out):
     """Rows ``first .. first + n`` of the contiguous ``[rows, width]`` buffer ``out`` from ``scratch[width, n]``."""
     width = scratch.shape[0]
-    for j in range(width):
-        t = scratch[j]
-        for r in range(n):
-            out[(first + r) * width + j] = t[r]
+    out[first * width:(first + n) * width].reshape((n, width))[:, :] = scratch[:, :n].T
 
 
 @numba.njit(inline="always")
@@ -157,17 +164,17 @@ def _scratch(sizes, operands, dtype):
 def _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets):
     """Address rows ``first .. first + n`` and gather the block of X1, X2 and (if ``weighted``) W."""
     _address(first, n, B, table, offsets, targets)
-    _gather(x1, offsets[0], table[0, 4], n, t1)
-    _gather(x2, offsets[1], table[1, 4], n, t2)
+    _gather(x1, table[0], first, n, offsets[0], t1)
+    _gather(x2, table[1], first, n, offsets[1], t2)
     if weighted:
-        _gather(x3, offsets[2], table[2, 4], n, t3)
+        _gather(x3, table[2], first, n, offsets[2], t3)
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def _forward(x1, x2, x3, table, sizes, c, order, i1, i2, i3, starts, out, rows, B, span, tasks, weighted):
     """``out[r, mu] += c * x1[m1] * x2[m2] (* x3[w])`` over rows ``0 .. rows``; ``order`` sorts the nonzeros by
     ``mu`` (``starts``: the groups; ``i1, i2, i3`` are in that order already, ``c`` is not);
-    ``table[i] = (A_i, B_i, s_a, s_b, col_stride)`` of operand ``i``; ``sizes = (M1, M2, Mw, O)``; task ``t``
+    ``table[i]`` describes operand ``i`` (:func:`_address`); ``sizes = (M1, M2, Mw, O)``; task ``t``
     does rows ``t * span ..``."""
     ck = _permuted(c, order)
     for task in numba.prange(tasks):
@@ -210,7 +217,7 @@ def _backward(g, x1, x2, x3, table, sizes,
         for first in range(task * span, end, BLOCK):
             n = min(BLOCK, end - first)
             _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets)
-            _gather(g, offsets[3], table[3, 4], n, tg)
+            _gather(g, table[3], first, n, offsets[3], tg)
             if modes[0] != _SKIP:  # dX1[m1] += C G[mu] X2[m2] (W[w])
                 a1 = acc[:sizes[0]]
                 a1[:] = 0
@@ -250,7 +257,9 @@ def _kernel(parallel, serial, rows: int):
 
 
 def _operand(t: torch.Tensor, folded, rows, dtype: torch.dtype):
-    """``(flat numpy buffer, [A_i, B_i, s_a, s_b, col_stride])`` of an operand, converted to ``dtype``."""
+    """``(flat numpy buffer, [A_i, B_i, s_a, s_b, col_stride, linear, 0])`` of an operand, converted to
+    ``dtype``; ``linear``: its rows, in the order of the row space, lie one after the other (row ``r`` at
+    ``r * M``). The last entry, ``reduced``, is set by the backward for gradients that add into targets."""
     t = t.detach()
     if t.dtype != dtype:
         converted = t.to(dtype)
@@ -260,9 +269,11 @@ def _operand(t: torch.Tensor, folded, rows, dtype: torch.dtype):
     A_i, B_i, s_a, s_b = folded
     M, col_stride = t.shape[-1], t.stride(-1)
     if A_i * B_i * M == 0:
-        return np.zeros(1, dtype=_NUMPY[dtype]), [A_i, B_i, 0, 0, 0]
+        return np.zeros(1, dtype=_NUMPY[dtype]), [A_i, B_i, 0, 0, 0, 0, 0]
     span = 1 + (A_i - 1) * s_a + (B_i - 1) * s_b + (M - 1) * col_stride
-    return t.as_strided((span,), (1,)).numpy(), [A_i, B_i, s_a, s_b, col_stride]
+    linear = (A_i == rows.A and B_i == rows.B and col_stride == 1 and (s_b == M or rows.B == 1)
+              and (s_a == rows.B * M or rows.A == 1))
+    return t.as_strided((span,), (1,)).numpy(), [A_i, B_i, s_a, s_b, col_stride, int(linear), 0]
 
 
 def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -300,7 +311,7 @@ def accumulate(X1, X2, W, C, rule, rows):
         operands = (X1, X2, W) if weighted else (X1, X2)
         buffers, table = zip(*(_operand(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
         x3 = buffers[2] if weighted else buffers[0]
-        table = np.array(list(table) + ([] if weighted else [[1, 1, 0, 0, 0]]), dtype=np.int64)
+        table = np.array(list(table) + ([] if weighted else [[1, 1, 0, 0, 0, 1, 0]]), dtype=np.int64)
         order, starts, i1, i2, i3 = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None), dtype)
         c = C.detach().to(dtype).contiguous().numpy()
         sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
@@ -347,6 +358,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
     if aligned:
         tasks, span = _tasks(count, rows.B, True)
     modes = np.array([_gradient_plan(f, rows, w, aligned, tasks) for f, w in zip(folds, wanted)], dtype=np.int64)
+    table[:3, 6] = modes >= _ADD_SHARED
     sizes = [*rule.input_sizes, rule.weight_size if weighted else 1, rule.output_size]
     private_sizes = np.array([A_i * B_i * M for (A_i, B_i), M in zip(folds, sizes)], dtype=np.int64)
     grads = []
