@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import layout
-from . import accumulation_dtype
+from . import accumulation_dtype, buffers
 
 #: rows per block of scratch: long enough for the vector loops, short enough to stay in L1/L2
 BLOCK = 256
@@ -276,12 +276,6 @@ def _operand(t: torch.Tensor, folded, rows, dtype: torch.dtype):
     return t.as_strided((span,), (1,)).numpy(), [A_i, B_i, s_a, s_b, col_stride, int(linear), 0]
 
 
-def _empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    # numpy asks for transparent huge pages on large buffers; first-touch page faults of a fresh torch
-    # allocation cost as much as the whole kernel on some machines.
-    return torch.from_numpy(np.empty(shape, dtype=_NUMPY[dtype]))
-
-
 def _tasks(count: int, B: int, align: bool) -> tuple:
     """``(tasks, span)``: rows per task, from the shape only; a multiple of ``B`` when ``align``."""
     tasks = max(1, min(MAX_TASKS, -(-count // BLOCK)))
@@ -305,20 +299,20 @@ def accumulate(X1, X2, W, C, rule, rows):
     """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
     dtype = accumulation_dtype(X1.dtype)
     count, O = rows.count, rule.output_size
-    out = _empty((count, O), dtype)
+    out = torch.from_numpy(buffers.empty((count, O), _NUMPY[dtype]))
     if count and O:
         weighted = W is not None
         operands = (X1, X2, W) if weighted else (X1, X2)
-        buffers, table = zip(*(_operand(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
-        x3 = buffers[2] if weighted else buffers[0]
+        data, table = zip(*(_operand(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
+        x3 = data[2] if weighted else data[0]
         table = np.array(list(table) + ([] if weighted else [[1, 1, 0, 0, 0, 1, 0]]), dtype=np.int64)
         order, starts, i1, i2, i3 = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None), dtype)
         c = C.detach().to(dtype).contiguous().numpy()
         sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
         tasks, span = _tasks(count, rows.B, False)
         with _lock:
-            _kernel(_forward, _forward_serial, count)(buffers[0], buffers[1], x3, table, sizes, c, order, i1, i2, i3, starts, out.view(-1).numpy(), count,
-                     rows.B, span, tasks, weighted)
+            _kernel(_forward, _forward_serial, count)(data[0], data[1], x3, table, sizes, c, order, i1, i2, i3, starts,
+                                                      out.view(-1).numpy(), count, rows.B, span, tasks, weighted)
     return out.to(X1.dtype).view(*rows.lead, O)
 
 
@@ -346,7 +340,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         return (*zeros[:3], torch.zeros(rule.nnz, dtype=X1.dtype) if want_c else None)
     G, s_a, s_b = layout.contiguous_rows(G, rows)
     folds = list(rows.operands) + ([] if weighted else [(1, 1, 0, 0)]) + [(rows.A, rows.B, s_a, s_b)]
-    buffers, table = zip(*(_operand(t, f, rows, dtype) for t, f in
+    data, table = zip(*(_operand(t, f, rows, dtype) for t, f in
                            zip(operands + (() if weighted else (X1,)) + (G,), folds)))
     table = np.array(table, dtype=np.int64)
     folds = [tuple(int(v) for v in row[:2]) for row in table]
@@ -359,6 +353,8 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         tasks, span = _tasks(count, rows.B, True)
     modes = np.array([_gradient_plan(f, rows, w, aligned, tasks) for f, w in zip(folds, wanted)], dtype=np.int64)
     table[:3, 6] = modes >= _ADD_SHARED
+    if not weighted:
+        table[2, 5] = 1  # the placeholder of W is never read
     sizes = [*rule.input_sizes, rule.weight_size if weighted else 1, rule.output_size]
     private_sizes = np.array([A_i * B_i * M for (A_i, B_i), M in zip(folds, sizes)], dtype=np.int64)
     grads = []
@@ -366,7 +362,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         if mode == _SKIP:
             grads.append(np.zeros(1, dtype=_NUMPY[dtype]))
         elif mode == _STORE:
-            grads.append(np.empty(size, dtype=_NUMPY[dtype]))
+            grads.append(buffers.empty((size,), _NUMPY[dtype]))
         else:
             grads.append(np.zeros(size * (tasks if mode == _ADD_PRIVATE else 1), dtype=_NUMPY[dtype]))
     c = C.detach().to(dtype).contiguous().numpy()
@@ -380,10 +376,11 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
     partial = np.zeros((tasks if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
     index = [rule.array(n) if n else np.zeros(rule.nnz, np.int64) for n in ("m1", "m2", "mu", w_name)]
     with _lock:
-        _kernel(_backward, _backward_serial, count)(buffers[3], buffers[0], buffers[1], buffers[2], table, np.array(sizes, dtype=np.int64),
-                  c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2, o3, f3a, f3b, f3c, s3,
-                  *index, grads[0], grads[1], grads[2], modes, private_sizes, partial, count, rows.B, span, tasks,
-                  weighted, want_c, _NUMPY[dtype](0))
+        kernel = _kernel(_backward, _backward_serial, count)
+        kernel(data[3], data[0], data[1], data[2], table, np.array(sizes, dtype=np.int64),
+               c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2, o3, f3a, f3b, f3c, s3,
+               *index, grads[0], grads[1], grads[2], modes, private_sizes, partial, count, rows.B, span, tasks,
+               weighted, want_c, _NUMPY[dtype](0))
     results = []
     for t, mode, grad, size in zip(operands + (None,), modes, grads, private_sizes):
         if mode == _SKIP or t is None:
