@@ -30,6 +30,7 @@ no column of ones it is ``weight[..., None, :]``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -107,7 +108,41 @@ def make_layout(pieces, wanted, channels: int) -> Layout:
     return Layout(tuple(pieces), starts, tuple(segments), channels, offset)
 
 
+@functools.lru_cache(maxsize=None)
+def _permutation(layout: Layout, device: torch.device, to_e3nn: bool) -> Optional[torch.Tensor]:
+    """For a layout that holds every column of the tensor exactly once (no shared segment, every block once):
+    the column of the source read by each column of the result, as an index tensor on ``device``
+    (flattened channel operand <- e3nn tensor, or back with ``to_e3nn``); None for other layouts."""
+    if any(s.shared for s in layout.segments) or sorted(s.index for s in layout.segments) != list(
+            range(len(layout.pieces))):
+        return None
+    U, width = layout.channels, layout.width
+    source = np.empty(U * width, dtype=np.int64)  # source[channel column] = e3nn column
+    for s in layout.segments:
+        w = s.width(U)
+        columns = s.start + np.arange(U * w)
+        source[(np.arange(U)[:, None] * width + s.offset + np.arange(w)).ravel()] = columns
+    index = np.argsort(source) if to_e3nn else source
+    return torch.as_tensor(index, device=device)
+
+
+def _indexed_copy(t: torch.Tensor, layout: Layout, to_e3nn: bool) -> Optional[torch.Tensor]:
+    """The relayout as ONE indexed copy (one kernel instead of one strided copy per block), in eager mode and
+    where :func:`_permutation` applies; None otherwise. (Compiled graphs fuse the per-block copies.)"""
+    if torch.compiler.is_compiling():
+        return None
+    index = _permutation(layout, t.device, to_e3nn)
+    if index is None:
+        return None
+    if to_e3nn:
+        return t.flatten(-2)[..., index]
+    return t[..., index].unflatten(-1, (layout.channels, layout.width))
+
+
 def _gather_copy(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    copied = _indexed_copy(t, layout, False)
+    if copied is not None:
+        return copied
     lead, U = t.shape[:-1], layout.channels
     out = t.new_empty(*lead, U, layout.width)
     for s in layout.segments:
@@ -120,6 +155,9 @@ def _gather_copy(t: torch.Tensor, layout: Layout) -> torch.Tensor:
 def _scatter_copy(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """The adjoint of :func:`_gather_copy`: blocks no segment reads get zeros, shared segments are summed
     over the channels, a block read by several segments gets their sum."""
+    copied = _indexed_copy(t, layout, True)
+    if copied is not None:
+        return copied
     lead, U = t.shape[:-2], layout.channels
     out = t.new_empty(*lead, layout.size)
     written = set()

@@ -208,6 +208,26 @@ def test_relayout_gradients_to_second_order(generator):
     assert torch.autograd.gradcheck(lambda t: scatter(t, plan.y), (G,))
 
 
+def test_indexed_relayout_equals_the_block_copies(generator, monkeypatch):
+    """A layout holding every column once is copied with one indexed copy; it equals the per-block copies
+    (the path of layouts with shared segments), both ways, with exact gradients."""
+    from sparse_accumulation import e3nn_layout
+
+    ours = TensorProduct(*NEQUIP, uvu_instructions(*NEQUIP), shared_weights=False)
+    layout = ours._channel_plan.x
+    assert e3nn_layout._permutation(layout, torch.device("cpu"), False) is not None
+    x = torch.randn(7, 36, generator=generator, dtype=torch.float64, requires_grad=True)
+    X = torch.randn(7, 4, layout.width, generator=generator, dtype=torch.float64, requires_grad=True)
+    indexed = gather(x, layout), scatter(X, layout)
+    monkeypatch.setattr(e3nn_layout, "_indexed_copy", lambda t, layout, to_e3nn: None)
+    blocks = gather(x, layout), scatter(X, layout)
+    for a, b in zip(indexed, blocks):
+        assert torch.equal(a, b)
+    monkeypatch.undo()
+    assert torch.autograd.gradgradcheck(lambda t: gather(t, layout), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: scatter(t, layout), (X,))
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_one_fused_call_forward_and_backward(generator, layout):
     theirs, ours = pair(*NEQUIP, uvu_instructions(*NEQUIP), shared_weights=False, layout=layout)
