@@ -181,7 +181,7 @@ def _run_one(case, name, mode, state, timings, repeats, warmup, grad_c, check_ro
             if timing in ("compiled", "reduce-overhead"):
                 compiled, before = compile_forward(forward, timing)
                 step = make_step(compiled, mode, X1, X2, C, G, requires_grad=True, grad_c=step_grad_c,
-                                 before=before)
+                                 before=before, static=timing == "reduce-overhead")
                 for _ in range(2 if timing == "reduce-overhead" else 0):  # CUDA graphs record on a later call
                     step()
                 if not check(step(), f"{timing}: "):

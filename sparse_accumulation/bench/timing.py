@@ -15,7 +15,8 @@ The timings (:data:`TIMINGS`), each for the forward and for the forward + backwa
     graph's); a graph break is an error, reported, not a silent fallback.
 ``reduce-overhead``
     the same with ``torch.compile(mode="reduce-overhead", fullgraph=True)``: steps replayed from CUDA graphs
-    (CUDA only).
+    (CUDA only), the inputs marked static (``torch._dynamo.mark_static_address``), as activations inside a
+    captured training step are: no copy into the graph's buffers per replay.
 ``host``
     host microseconds per call: a loop of ``call`` steps without synchronising, divided by the count.
 """
@@ -74,7 +75,7 @@ def synchronize(device) -> None:
 
 
 def make_step(forward: Callable, mode: str, X1, X2, C, G, *, requires_grad: bool, grad_c: bool = False,
-              before: Optional[Callable] = None) -> Callable:
+              before: Optional[Callable] = None, static: bool = False) -> Callable:
     """A call of ``forward(X1, X2, C)`` as one step of a loop; the step returns what it computed.
 
     Args:
@@ -85,6 +86,8 @@ def make_step(forward: Callable, mode: str, X1, X2, C, G, *, requires_grad: bool
             The leaves are made once; their gradients are reset to ``None`` before each step.
         grad_c: ``C`` is a leaf requiring gradient too.
         before: called first in every step (``torch.compiler.cudagraph_mark_step_begin`` for CUDA graphs).
+        static: mark the inputs as static addresses for CUDA graphs, as the activations inside a captured
+            training step are (otherwise each replay first copies them into the graph's own buffers).
     """
     if mode == "forward" and not requires_grad:
         leaves = ()
@@ -96,6 +99,9 @@ def make_step(forward: Callable, mode: str, X1, X2, C, G, *, requires_grad: bool
             C = C.detach().requires_grad_(True)
             leaves += (C,)
         inputs = (X1, X2, C)
+    if static:
+        for t in inputs:
+            torch._dynamo.mark_static_address(t)
 
     def step():
         for leaf in leaves:
