@@ -1,7 +1,10 @@
 """CPU benchmark of the numba kernels against torch index_add and the peer library's recorded figures.
 
 Real CG rules l x l -> l for l = 1..8 (plus 3x2->4 and 1x1->2), [A, B, M] layout, A x B rows. Every result is
-checked against the float64 reference before it is timed. Prints medians and ratios; ``--json`` writes them.
+checked against the float64 reference before it is timed. Prints medians, ratios and a roofline: the bytes the
+kernels must move (inputs read, outputs written, once) per second against the copy bandwidth measured in the
+same run, and the multiply-adds (3 flops per nonzero and row, 3 passes for forward+backward) per second.
+``--json`` writes them.
 
     python benchmarks/cpu.py --rows 1000 200 --json benchmarks/cpu.json
 """
@@ -17,8 +20,24 @@ import torch
 
 import sparse_accumulation as sa
 
-# lab-cosmo/sparse_accumulation C++/OpenMP on this kind of 2-core machine, rows 1000 x 200, fp32 (DESIGN.md).
-PEER_MS = {(8, 8, 8): {"forward": 118.0, "forward+backward": 118.0 + 94.0}}
+# lab-cosmo/sparse_accumulation C++/OpenMP built with -O3 -fopenmp, on this kind of 2-core machine, rows
+# 1000 x 200, fp32: its fastest figures in one process with ours (DESIGN.md).
+PEER_MS = {(8, 8, 8): {"forward": 81.0, "forward+backward": 135.0},
+           (2, 2, 2): {"forward": 3.5, "forward+backward": 7.4}}
+
+
+def copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """Bytes per second of a large copy (read + write) between two buffers touched beforehand."""
+    source = np.ones(megabytes << 18, dtype=np.float32)
+    target = np.zeros_like(source)
+    seconds = min(_seconds(lambda: np.copyto(target, source)) for _ in range(repeats))
+    return 2 * source.nbytes / seconds
+
+
+def _seconds(function) -> float:
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start
 
 
 def median_ms(function, repeats: int, warmup: int = 2) -> float:
@@ -71,6 +90,11 @@ def run_case(l1, l2, L, rows, dtype, repeats, implementations):
         count = repeats if implementation == "numba" else max(3, repeats // 4)
         result[implementation] = {"forward": median_ms(forward, count),
                                   "forward+backward": median_ms(forward_backward, count), "max_rel_error": error}
+    n, size = X1[..., 0].numel(), X1.element_size()
+    # forward: X1, X2 read, out written; backward: G, X1, X2 read, dX1, dX2 written
+    result["bytes"] = {"forward": n * (M1 + M2 + O) * size,
+                       "forward+backward": n * (M1 + M2 + O) * size + n * (O + 2 * M1 + 2 * M2) * size}
+    result["flops"] = {"forward": 3 * n * int(C.shape[0]), "forward+backward": 9 * n * int(C.shape[0])}
     return result
 
 
@@ -84,24 +108,29 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     cases = [(l, l, l) for l in range(1, 9)] + [(3, 2, 4), (1, 1, 2)]
     results = [run_case(*case, args.rows, dtype, args.repeats, ["numba", "index_add"]) for case in cases]
+    bandwidth = copy_bandwidth()
     header = (f"{'rule':>8} {'nnz':>4} | {'numba fwd':>9} {'fwd+bwd':>8} | {'index_add fwd':>13} {'fwd+bwd':>8} "
-              f"| {'x fwd':>6} {'x f+b':>6} | {'x peer fwd':>10} {'x peer f+b':>10}")
+              f"| {'x fwd':>6} {'x f+b':>6} | {'x peer fwd':>10} {'x peer f+b':>10} "
+              f"| {'GB/s fwd':>8} {'f+b':>5} | {'GFLOP/s fwd':>11} {'f+b':>5}")
     print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}, rows {args.rows}, {args.dtype}, medians in ms")
+          f"torch {torch.__version__}, rows {args.rows}, {args.dtype}, medians in ms; "
+          f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
     print(header)
     for r in results:
         ours, ref = r["numba"], r["index_add"]
         peer = PEER_MS.get(tuple(int(x) for x in r["rule"].replace("->", "x").split("x")), {})
         peer_ratio = [f"{peer[mode] / ours[mode]:10.1f}" if mode in peer else f"{'-':>10}"
                       for mode in ("forward", "forward+backward")]
+        rates = [r[kind][mode] / ours[mode] / 1e6 for kind in ("bytes", "flops")
+                 for mode in ("forward", "forward+backward")]
         print(f"{r['rule']:>8} {r['nnz']:>4} | {ours['forward']:9.2f} {ours['forward+backward']:8.2f} | "
               f"{ref['forward']:13.2f} {ref['forward+backward']:8.2f} | "
               f"{ref['forward'] / ours['forward']:6.1f} {ref['forward+backward'] / ours['forward+backward']:6.1f} | "
-              f"{peer_ratio[0]} {peer_ratio[1]}")
+              f"{peer_ratio[0]} {peer_ratio[1]} | {rates[0]:8.1f} {rates[1]:5.1f} | {rates[2]:11.1f} {rates[3]:5.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "rows": args.rows, "dtype": args.dtype, "results": results}, f,
-                      indent=1)
+            json.dump({"torch": torch.__version__, "rows": args.rows, "dtype": args.dtype,
+                       "copy_bandwidth_Bps": bandwidth, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
