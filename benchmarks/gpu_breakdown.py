@@ -75,7 +75,8 @@ def kernel_times(ls, grad_ls, strategies, rows_count, device):
         for s in strategies if l in grad_ls else ():
             ms = device_ms(lambda: triton_gpu.accumulate_input_gradients(G, X1, X2, None, C, rule, rows, strategy=s),
                            device)
-            parts.append(f"grads {s} {ms:.3f} ({best_config('grad', rule, [G, X1, X2], rows, (M, M), s, (0, 1))})")
+            config = best_config('grad', rule, [G, X1, X2], rows, (M, M), s, ((0, False), (1, False)))
+            parts.append(f"grads {s} {ms:.3f} ({config})")
             swapped = (plan((G, X2), ("G", "X2"))[1], plan((X1, G), ("X1", "G"))[1])
             ms = device_ms(lambda: (
                 triton_gpu.accumulate(G, X2, None, C, rule.swapped("X1"), swapped[0], strategy=s),

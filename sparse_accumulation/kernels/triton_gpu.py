@@ -11,7 +11,9 @@ layout, the dtype and the load/store strategy:
   rules, and single gradients, run the forward kernel of the swapped rule;
 * dC: deterministic, without atomics (:func:`accumulate_dC`).
 
-Gradients of operands that broadcast are computed per row and then summed over what they broadcast.
+Gradients of operands that broadcast are computed per row and then summed over what they broadcast; the fused
+gradient kernel sums an operand shared by runs of ``B`` rows (``[E, 1, M]`` against ``[E, F, M]``, ``B`` a
+power of two up to :data:`~.triton.configs.SUMMED_INNER_MAX`) itself, in registers.
 
 ``strategy`` (module default :data:`STRATEGY`, environment ``SPARSE_ACCUMULATION_TRITON_STRATEGY``) picks how
 columns move between memory and registers: ``"auto"`` (pieces loads; tile or pieces stores, autotuned),
@@ -71,8 +73,9 @@ def _acc(dtype: torch.dtype) -> str:
     return "tl.float64" if dtype == torch.float64 else "tl.float32"
 
 
-def _layout(operands, folded, A: int, B: int, output_widths) -> tuple:
-    """``(Layout, strides)``: the static layout of a call and ``(s_a, s_b, s_m)`` per operand.
+def _layout(operands, folded, A: int, B: int, output_widths, inner: int = 0) -> tuple:
+    """``(Layout, strides)``: the static layout of a call and ``(s_a, s_b, s_m)`` per operand (``inner``: see
+    :class:`~.triton.source.Layout`).
 
     64-bit offsets are needed once the largest offset a program may form (rows past the end included) reaches
     2**31."""
@@ -86,7 +89,7 @@ def _layout(operands, folded, A: int, B: int, output_widths) -> tuple:
         if offset > largest:
             largest = offset
     # bool(): under torch.compile with dynamic shapes these are symbolic, and become guards here
-    return source.Layout(bool(B == 1), tuple(unit), bool(largest >= _INT32_LIMIT)), strides
+    return source.Layout(bool(B == 1), tuple(unit), bool(largest >= _INT32_LIMIT), inner), strides
 
 
 def _int_args(layout, strides, R: int, B: int) -> list:
@@ -112,25 +115,26 @@ def _operands_of(kind: str, rule) -> tuple:
 
 
 def _row_kernel(kind: str, rule, layout, strategy: str, acc: str, wanted=()):
-    """The autotuned kernel ``kind`` ("fwd", or "grad" for the gradients of the slots in ``wanted``)."""
+    """The autotuned kernel ``kind`` ("fwd", or "grad" for the gradients of the slots in ``wanted``: pairs
+    ``(slot, summed)``, ``summed`` where the kernel sums the gradient over runs of ``layout.inner`` rows)."""
 
     def make():
         operands, indices = _operands_of(kind, rule)
         if kind == "fwd":
-            outputs = [("OUT", rule.output_size, rule.mu, None)]
+            outputs = [("OUT", rule.output_size, rule.mu, None, False)]
         else:
-            outputs = [(f"D{j}", operands[j + 1].size, indices[j + 1], j + 1) for j in wanted]
+            outputs = [(f"D{j}", operands[j + 1].size, indices[j + 1], j + 1, summed) for j, summed in wanted]
         loads, stores = source.split_strategy(strategy)
-        stores = source.store_options(stores, [width for _, width, _, _ in outputs])
+        stores = source.store_options(stores, [output[1] for output in outputs])
         name = build.kernel_name(kind, (rule.key, layout, strategy, acc, wanted))
         comment = (f"{kind} of a rule with nnz={rule.nnz}, sizes {[o.size for o in operands]} -> "
-                   f"{[width for _, width, _, _ in outputs]}, {layout}, loads={loads}, stores={stores}")
+                   f"{[output[1] for output in outputs]}, {layout}, loads={loads}, stores={stores}")
         text, ints = source.row_kernel_source(name, comment, operands, indices, outputs, layout, loads, stores,
                                               acc)
         if build.interpreting():
             pairs, flags = [(configs.INTERPRETER_BLOCK_R, 1)], [0]
         else:
-            sizes = [o.size for o in operands] + [width for _, width, _, _ in outputs]
+            sizes = [o.size for o in operands] + [output[1] for output in outputs]
             pairs = configs.row_configs(sizes, sum(len(set(i)) for i in indices) + len(outputs), acc == "tl.float64",
                                         loads)
             flags = [int(s == "tile") for s in stores] if len(stores) > 1 and configs.AUTOTUNE else [0]
@@ -143,7 +147,7 @@ _calls = {}
 _CALLS_KEPT = 4096
 
 
-def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wanted=()):
+def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wanted=(), inner=0):
     """``(kernel, ints, grid, small)`` of a row kernel call, remembered per rule, row space, operand strides,
     dtype and options, so that a repeated call skips the layout analysis."""
     key = (kind, rule.key, rows.A, rows.B, tuple(folded), tuple(t.stride(-1) for t in operands), operands[0].dtype,
@@ -155,7 +159,7 @@ def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wante
     if call is None:
         A, B = rows.A, rows.B
         R = A * B
-        layout_, strides = _layout(operands, folded, A, B, output_widths)
+        layout_, strides = _layout(operands, folded, A, B, output_widths, inner)
         kernel = _row_kernel(kind, rule, layout_, strategy, _acc(operands[0].dtype), wanted)
         ints = _int_args(layout_, strides, R, B)
         call = (kernel, ints, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), not layout_.idx64)
@@ -225,13 +229,18 @@ def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, 
     operands = [G, X1, X2] if W is None else [G, X1, X2, W]
     folded = (g_folded,) + rows.operands
     slots = tuple(j for j in range(len(operands) - 1) if wanted[j])
-    targets = [_gradient_target(operands[j + 1], folded[j + 1], rows) for j in slots]
     A, B = rows.A, rows.B
+    # an operand shared by runs of B rows (A_i = A, B_i = 1) has its gradient summed over them in the kernel
+    inner = B if 1 < B <= configs.SUMMED_INNER_MAX and B & (B - 1) == 0 else 0
+    summed = tuple(bool(inner) and tuple(folded[j + 1][:2]) == (A, 1) for j in slots)
+    targets = [torch.empty(operands[j + 1].shape, dtype=X1.dtype, device=X1.device) if s
+               else _gradient_target(operands[j + 1], folded[j + 1], rows) for j, s in zip(slots, summed)]
     if slots and (A * B == 0 or rule.nnz == 0):
         for t in targets:
             t.zero_()
     elif slots:
-        call = _row_call("grad", rule, operands, folded, rows, tuple(t.shape[-1] for t in targets), strategy, slots)
+        call = _row_call("grad", rule, operands, folded, rows, tuple(t.shape[-1] for t in targets), strategy,
+                         tuple(zip(slots, summed)), inner if any(summed) else 0)
         _launch_rows(call, operands + [C.contiguous()] + targets, X1.device, traceable)
     grads = [None, None, None]
     for j, target in zip(slots, targets):

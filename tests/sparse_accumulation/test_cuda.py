@@ -69,6 +69,26 @@ def test_broadcast_weighted_rule_to_second_order(generator):
     assert torch.autograd.gradgradcheck(lambda *a: sa.accumulate_rule(a[0], a[1], rule, a[3], a[2]), (X1, X2, W, C))
 
 
+@pytest.mark.parametrize("channels", [8, 32])
+def test_gradients_of_operands_shared_by_channels(generator, channels):
+    """X2 [E, 1, M2] against X1 [E, F, M1] with F a power of two: the fused gradient kernel sums dX2 over the
+    channels in registers; values and gradients against float64 index_add on expanded copies."""
+    m1, m2, mu, C = sa.get_cg_transformation_rule(2, 1, 2, dtype=torch.float64, device="cuda")
+    paths = torch.randint(0, 3, (len(C),), generator=generator).cuda()
+    rule = sa.Rule(m1, m2, mu, 5, input_sizes=(5, 3), w=paths, weight_size=3)
+    shapes = [(1001, channels, 5), (1001, 1, 3), (1001, channels, 3)]
+    inputs = [torch.randn(*shape, generator=generator, dtype=torch.float64).cuda() for shape in shapes]
+    ours = [t.float().requires_grad_() for t in inputs]
+    out = sa.accumulate_rule(ours[0], ours[1], rule, C.float(), ours[2])
+    exact = [t.clone().requires_grad_() for t in inputs]
+    expected = _reference(exact[0], exact[1].expand(1001, channels, 3), rule, C, exact[2])
+    assert_close_to(out, expected, torch.float32)
+    G = torch.randn(expected.shape, generator=generator, dtype=torch.float64).cuda()
+    for a, b in zip(torch.autograd.grad(out, ours, G.float()), torch.autograd.grad(expected, exact, G)):
+        assert a.shape == b.shape
+        assert_close_to(a, b, torch.float32)
+
+
 def test_large_rows_fp32_gradients_match_reference(generator):
     (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float32, lead=(300, 170))
     X1.requires_grad_()

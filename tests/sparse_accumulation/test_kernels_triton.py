@@ -224,6 +224,26 @@ def test_broadcast_operands_forward_gradients_and_dC(strategy, shapes, weighted)
     assert_close(grads[3], reference_dC(G, operands, indices), torch.float64)
 
 
+@pytest.mark.parametrize("lead, B", [(5, 8), (3, 32), (7, 2)])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gradients_summed_over_runs_of_rows_in_the_kernel(lead, B, weighted, monkeypatch):
+    """Operands shared by runs of B rows (B a power of two): the fused gradient kernel sums their gradients
+    in registers; the values equal the reference and the per-row gradients summed afterwards."""
+    rule, indices = make_rule("random", weight_size=4 if weighted else None)
+    operands, C = operands_for(rule, [(lead, B), (lead, 1), (lead, 1)][:3 if weighted else 2])
+    G = randn(lead, B, rule.output_size)
+    triton_gpu._calls.clear()
+    summed = _backward(G, rule, operands, C, True, True, weighted, False)
+    assert any(key[0] == "grad" and any(s for _, s in key[-1]) for key in triton_gpu._calls)
+    for j, operand in enumerate(operands):
+        assert summed[j].shape == operand.shape
+        assert_close(summed[j], reference_gradient(G, operands, indices, C, j), torch.float64)
+    monkeypatch.setattr(triton_gpu.configs, "SUMMED_INNER_MAX", 0)
+    per_row = _backward(G, rule, operands, C, True, True, weighted, False)
+    for a, b in zip(summed[:len(operands)], per_row):
+        assert_close(a, b.double().numpy(), torch.float64)
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gradients_one_at_a_time_and_unfused(weighted, monkeypatch):
     """Single gradients, and every gradient when the rule is too wide for the fused kernel, come from the
@@ -306,7 +326,8 @@ def test_auto_kernel_both_store_branches(kind):
     operands = [X1, X2] if kind == "fwd" else [G, X1, X2]
     rows = rows_of(*operands)
     static, strides = triton_gpu._layout(operands, rows.operands, R, 1, [rule.output_size])
-    kernel = triton_gpu._row_kernel(kind, rule, static, "auto", "tl.float32", () if kind == "fwd" else (0, 1))
+    kernel = triton_gpu._row_kernel(kind, rule, static, "auto", "tl.float32",
+                                   () if kind == "fwd" else ((0, False), (1, False)))
     ints = triton_gpu._int_args(static, strides, R, 1)
     grid = (triton.cdiv(R, 32),)
     for flag in (0, 1):

@@ -20,6 +20,9 @@ ROWS_PER_THREAD = (1, 2, 4)
 REGISTER_BUDGET = 128
 #: the single configuration under the interpreter (row kernels and dC)
 INTERPRETER_BLOCK_R = 32
+#: largest B over which the fused gradient kernel sums a gradient in registers (a power of two): it must
+#: divide every BLOCK_R, the smallest of which is INTERPRETER_BLOCK_R (64 on CUDA)
+SUMMED_INNER_MAX = INTERPRETER_BLOCK_R
 
 #: dC kernel: rows per block, warps, consecutive blocks per program, nonzeros per chunk (accumulators in
 #: registers; halved for float64); under the interpreter: BLOCK_R = INTERPRETER_BLOCK_R, 2 blocks per

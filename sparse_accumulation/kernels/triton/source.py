@@ -34,12 +34,15 @@ class Layout(NamedTuple):
     """What is static about a call's operands, part of a kernel's identity.
 
     ``inner_one``: ``B == 1`` (the row index is the outer index); ``unit``: per operand (in the kernel's
-    operand order), whether its component stride is 1; ``idx64``: offsets need 64-bit arithmetic.
+    operand order), whether its component stride is 1; ``idx64``: offsets need 64-bit arithmetic;
+    ``inner``: ``B`` where some output is summed over it in the kernel (a power of two that divides
+    ``BLOCK_R``), else 0.
     """
 
     inner_one: bool
     unit: tuple
     idx64: bool
+    inner: int = 0
 
 
 class Operand(NamedTuple):
@@ -240,6 +243,25 @@ def join_tree(code: Code, leaves, prefix: str) -> str:
     return leaves[0]
 
 
+def emit_summed_output(code: Code, groups, out_ptr: str, width: int, acc: str, prefix: str, inner: int,
+                       idx64: bool) -> None:
+    """Sum and store every column of a contiguous ``[R / inner, width]`` output: the column's values of each
+    run of ``inner`` consecutive rows summed in registers (a fixed tree: deterministic), one column at a time
+    (the output is ``inner`` times smaller than the rows read)."""
+    out_ty = f"{out_ptr}.dtype.element_ty"
+    first = "pid.to(tl.int64)" if idx64 else "pid"
+    code(f"{prefix}_rows = {first} * (BLOCK_R // {inner}) + tl.arange(0, BLOCK_R // {inner})")
+    code(f"{prefix}_mask = {prefix}_rows < R // {inner}")
+    code(f"{prefix}_base = {out_ptr} + {prefix}_rows * {width}")
+    for o in range(width):
+        if o in groups:
+            code(f"{prefix}{o} = tl.reduce(tl.reshape({factored_sum(groups[o], acc)}, [BLOCK_R // {inner}, "
+                 f"{inner}]), 1, _add).to({out_ty})")
+        else:
+            code(f"{prefix}{o} = tl.full([BLOCK_R // {inner}], 0, dtype={out_ty})")
+        code(f"tl.store({prefix}_base + {o}, {prefix}{o}, mask={prefix}_mask)")
+
+
 def emit_output(code: Code, groups, out_ptr: str, width: int, strategy: str, acc: str, prefix: str) -> None:
     """Sum and store every column of a contiguous ``[R, width]`` output, segment by segment.
 
@@ -292,38 +314,44 @@ def row_kernel_source(name: str, comment: str, operands, index_arrays, outputs, 
     Args:
         operands: :class:`Operand` s read by the kernel, in parameter order.
         index_arrays: per operand, the column it reads for each nonzero ``k``.
-        outputs: ``(pointer name, width, target, skip)`` each: a contiguous ``[R, width]`` output whose column
-            ``target[k]`` receives ``C[k]`` times the columns ``index_arrays[i][k]`` of every operand ``i``
-            but ``skip`` (``None`` for the forward; for a gradient, the position of the operand it belongs
-            to, whose place the output gradient takes).
+        outputs: ``(pointer name, width, target, skip, summed)`` each: a contiguous ``[R, width]`` output
+            (``[R / layout.inner, width]`` where ``summed``: its rows summed over runs of ``layout.inner``)
+            whose column ``target[k]`` receives ``C[k]`` times the columns ``index_arrays[i][k]`` of every
+            operand ``i`` but ``skip`` (``None`` for the forward; for a gradient, the position of the operand
+            it belongs to, whose place the output gradient takes).
         layout, loads, stores, acc: see :class:`Layout`, :func:`split_strategy`, :func:`store_options`;
             ``acc`` the accumulation dtype (``"tl.float32"`` or ``"tl.float64"``).
 
     Returns:
         ``(source, int parameter names)``.
     """
-    params, ints = signature(operands, [ptr for ptr, _, _, _ in outputs], layout)
+    params, ints = signature(operands, [output[0] for output in outputs], layout)
     code = Code()
     code.lines = ["import triton", "import triton.language as tl", "", ""]
+    if any(output[4] for output in outputs):  # a local combine function: see the module's last paragraph
+        code.lines += ["@triton.jit", "def _add(a, b):", "    return a + b", "", ""]
     code(f"# {comment}", 0)
     code(f"def {name}({', '.join(params)}, BLOCK_R: tl.constexpr, STORE_TILE: tl.constexpr):", 0)
     _emit_rows(code, layout, ints)
     columns = []
     for i, operand in enumerate(operands):
         needed = set()
-        for _, _, _, skip in outputs:
-            if skip != i:
+        for output in outputs:
+            if output[3] != i:
                 needed.update(index_arrays[i])
         columns.append(emit_column_loads(code, operand, layout.unit[i], needed, loads, acc, layout.inner_one))
     nnz = len(index_arrays[0])
 
     def emit(branch, strategy):
-        for ptr, width, target, skip in outputs:
+        for ptr, width, target, skip, summed in outputs:
             groups = {}
             for k in range(nnz):
                 factors = tuple(columns[i][index_arrays[i][k]] for i in range(len(operands)) if i != skip)
                 groups.setdefault(target[k], []).append((k, factors))
-            emit_output(branch, groups, ptr, width, strategy, acc, f"o{ptr}_")
+            if summed:
+                emit_summed_output(branch, groups, ptr, width, acc, f"o{ptr}_", layout.inner, layout.idx64)
+            else:
+                emit_output(branch, groups, ptr, width, strategy, acc, f"o{ptr}_")
 
     _emit_stores(code, stores, emit)
     return code.text(), ints
