@@ -212,24 +212,24 @@ def _backward(g, x1, x2, x3, table, sizes,
     for task in numba.prange(tasks):
         t1, t2, t3, offsets, targets = _scratch(sizes, table.shape[0], x1.dtype)
         tg = np.empty((sizes[3], BLOCK), dtype=x1.dtype)
-        acc = np.empty((max(sizes[0], sizes[1], sizes[2]), BLOCK), dtype=x1.dtype)
+        # one C-contiguous block per gradient (a row slice of a shared block types as non-contiguous)
+        a1 = np.empty((sizes[0], BLOCK), dtype=x1.dtype)
+        a2 = np.empty((sizes[1], BLOCK), dtype=x1.dtype)
+        a3 = np.empty((sizes[2], BLOCK), dtype=x1.dtype)
         end = min(rows, (task + 1) * span)
         for first in range(task * span, end, BLOCK):
             n = min(BLOCK, end - first)
             _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets)
             _gather(g, table[3], first, n, offsets[3], tg)
             if modes[0] != _SKIP:  # dX1[m1] += C G[mu] X2[m2] (W[w])
-                a1 = acc[:sizes[0]]
                 a1[:] = 0
                 _any_products(a1, tg, t2, t3, c1, f1a, f1b, f1w, starts1, n, weighted)
                 _write(a1, first, n, d1, targets[0], modes[0], task, private_sizes[0])
             if modes[1] != _SKIP:  # dX2[m2] += C X1[m1] G[mu] (W[w])
-                a2 = acc[:sizes[1]]
                 a2[:] = 0
                 _any_products(a2, t1, tg, t3, c2, f2a, f2b, f2w, starts2, n, weighted)
                 _write(a2, first, n, d2, targets[1], modes[1], task, private_sizes[1])
             if modes[2] != _SKIP:  # dW[w] += C X1[m1] X2[m2] G[mu]
-                a3 = acc[:sizes[2]]
                 a3[:] = 0
                 _weighted_products(a3, t1, t2, tg, c3, f3a, f3b, f3c, starts3, n)
                 _write(a3, first, n, d3, targets[2], modes[2], task, private_sizes[2])
