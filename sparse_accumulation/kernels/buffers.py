@@ -9,6 +9,7 @@ free buffers go first. :func:`release` drops every kept buffer.
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections import OrderedDict
@@ -36,10 +37,10 @@ def _kept_bytes() -> int:
 def empty(shape: tuple, dtype) -> np.ndarray:
     """An uninitialised C-contiguous array of ``shape`` and numpy ``dtype``, backed by a kept buffer where
     one is free and at most a quarter larger than needed."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if nbytes < MIN_BYTES:
         return np.empty(shape, dtype=dtype)
+    dtype = np.dtype(dtype)
     with _lock:
         for key in list(_kept):
             if nbytes <= _kept[key].nbytes <= nbytes + nbytes // 4 and _free(key):

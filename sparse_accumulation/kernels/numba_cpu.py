@@ -256,24 +256,53 @@ def _kernel(parallel, serial, rows: int):
     return serial if rows < SERIAL_ROWS else parallel
 
 
-def _operand(t: torch.Tensor, folded, rows, dtype: torch.dtype):
-    """``(flat numpy buffer, [A_i, B_i, s_a, s_b, col_stride, linear, 0])`` of an operand, converted to
-    ``dtype``; ``linear``: its rows, in the order of the row space, lie one after the other (row ``r`` at
-    ``r * M``). The last entry, ``reduced``, is set by the backward for gradients that add into targets."""
+def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     t = t.detach()
-    if t.dtype != dtype:
-        converted = t.to(dtype)
-        if converted.stride() != t.stride():  # a conversion may lay out an overlapping view anew
-            folded = folded[:2] + tuple(rows.strides_of(converted))
-        t = converted
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _describe(t: torch.Tensor, folded, rows, dtype: torch.dtype) -> tuple:
+    """``([A_i, B_i, s_a, s_b, col_stride, linear, 0], span)`` of an operand converted to ``dtype``: its line of
+    the kernels' table (:func:`_address`) and the number of elements its flat buffer spans. ``linear``: its
+    rows, in the order of the row space, lie one after the other (row ``r`` at ``r * M``); the last entry,
+    ``reduced``, is set by the backward for gradients that add into targets."""
+    converted = _converted(t, dtype)
+    if converted.stride() != t.stride():  # a conversion may lay out an overlapping view anew
+        folded = folded[:2] + tuple(rows.strides_of(converted))
     A_i, B_i, s_a, s_b = folded
-    M, col_stride = t.shape[-1], t.stride(-1)
+    M, col_stride = t.shape[-1], converted.stride(-1)
     if A_i * B_i * M == 0:
-        return np.zeros(1, dtype=_NUMPY[dtype]), [A_i, B_i, 0, 0, 0, 0, 0]
-    span = 1 + (A_i - 1) * s_a + (B_i - 1) * s_b + (M - 1) * col_stride
+        return [A_i, B_i, 0, 0, 0, 0, 0], 0
     linear = (A_i == rows.A and B_i == rows.B and col_stride == 1 and (s_b == M or rows.B == 1)
               and (s_a == rows.B * M or rows.A == 1))
-    return t.as_strided((span,), (1,)).numpy(), [A_i, B_i, s_a, s_b, col_stride, int(linear), 0]
+    span = 1 + (A_i - 1) * s_a + (B_i - 1) * s_b + (M - 1) * col_stride
+    return [A_i, B_i, s_a, s_b, col_stride, int(linear), 0], span
+
+
+def _buffer(t: torch.Tensor, dtype: torch.dtype, span: int) -> np.ndarray:
+    """The flat numpy buffer of ``span`` elements from the data of ``t`` converted to ``dtype``."""
+    if span == 0:
+        return np.zeros(1, dtype=_NUMPY[dtype])
+    return _converted(t, dtype).as_strided((span,), (1,)).numpy()
+
+
+_plans = {}
+_PLANS_KEPT = 1024
+
+
+def _plan(key, build):
+    """The host-side plan of a call (tables, task split, sorted index arrays), made once per rule, row space,
+    operand shapes, strides and dtypes, and options."""
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= _PLANS_KEPT:
+            _plans.clear()
+        plan = _plans[key] = build()
+    return plan
+
+
+def _signature(tensors) -> tuple:
+    return tuple((t.dtype, t.shape, t.stride()) for t in tensors)
 
 
 def _tasks(count: int, B: int, align: bool) -> tuple:
@@ -303,16 +332,22 @@ def accumulate(X1, X2, W, C, rule, rows):
     if count and O:
         weighted = W is not None
         operands = (X1, X2, W) if weighted else (X1, X2)
-        data, table = zip(*(_operand(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
-        x3 = data[2] if weighted else data[0]
-        table = np.array(list(table) + ([] if weighted else [[1, 1, 0, 0, 0, 1, 0]]), dtype=np.int64)
-        order, starts, i1, i2, i3 = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None), dtype)
+
+        def build():
+            lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
+            table = np.array(list(lines) + ([] if weighted else [[1, 1, 0, 0, 0, 1, 0]]), dtype=np.int64)
+            sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
+            grouped = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None), dtype)
+            return (table, sizes, spans, grouped) + _tasks(count, rows.B, False)
+
+        table, sizes, spans, (order, starts, i1, i2, i3), tasks, span = _plan(
+            ("fwd", rule.key, rows, dtype) + _signature(operands), build)
+        data = [_buffer(t, dtype, n) for t, n in zip(operands, spans)]
         c = C.detach().to(dtype).contiguous().numpy()
-        sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
-        tasks, span = _tasks(count, rows.B, False)
         with _lock:
-            _kernel(_forward, _forward_serial, count)(data[0], data[1], x3, table, sizes, c, order, i1, i2, i3, starts,
-                                                      out.view(-1).numpy(), count, rows.B, span, tasks, weighted)
+            _kernel(_forward, _forward_serial, count)(data[0], data[1], data[-1], table, sizes, c, order, i1, i2,
+                                                      i3, starts, out.view(-1).numpy(), count, rows.B, span,
+                                                      tasks, weighted)
     return out.to(X1.dtype).view(*rows.lead, O)
 
 
@@ -328,6 +363,31 @@ def _gradient_plan(folded, rows, wanted: bool, aligned: bool, tasks: int) -> int
     return _ADD_PRIVATE
 
 
+def _backward_plan(rows, operand_lines, wanted, rule, weighted, dtype) -> tuple:
+    """``(table, sizes, modes, private sizes, tasks, span, sorted index arrays, index arrays)`` of a backward."""
+    table = np.array(operand_lines, dtype=np.int64)
+    folds = [tuple(int(v) for v in line[:2]) for line in table]
+    # an operand shared along B (A_i == A, B_i == 1) is reduced race-free if no task splits a run of B rows
+    # (when a task holds at least B rows; otherwise private copies of it are small: A is)
+    tasks, span = _tasks(rows.count, rows.B, False)
+    aligned = rows.B <= span and any(w and A_i == rows.A and B_i == 1 < rows.B
+                                     for w, (A_i, B_i) in zip(wanted, folds))
+    if aligned:
+        tasks, span = _tasks(rows.count, rows.B, True)
+    modes = np.array([_gradient_plan(f, rows, w, aligned, tasks) for f, w in zip(folds, wanted)], dtype=np.int64)
+    table[:3, 6] = modes >= _ADD_SHARED
+    if not weighted:
+        table[2, 5] = 1  # the placeholder of W is never read
+    sizes = [*rule.input_sizes, rule.weight_size if weighted else 1, rule.output_size]
+    private_sizes = np.array([A_i * B_i * M for (A_i, B_i), M in zip(folds, sizes)], dtype=np.int64)
+    w_name = "w" if weighted else None
+    grouped = (_grouped(rule, "m1", ("mu", "m2", w_name), dtype) + _grouped(rule, "m2", ("m1", "mu", w_name), dtype)
+               + (_grouped(rule, "w", ("m1", "m2", "mu"), dtype) if weighted
+                  else _grouped(rule, "m1", ("mu", "mu", "mu"), dtype)))  # the last is unused without W
+    index = [rule.array(n) if n else np.zeros(rule.nnz, np.int64) for n in ("m1", "m2", "mu", w_name)]
+    return table, np.array(sizes, dtype=np.int64), modes, private_sizes, tasks, span, grouped, index
+
+
 def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True, want_w=False, want_c=True):
     """Gradients ``(dX1, dX2, dW, dC)``; see :mod:`sparse_accumulation.kernels`."""
     dtype = accumulation_dtype(X1.dtype)
@@ -338,49 +398,37 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
     if count == 0:
         zeros = [torch.zeros(t.shape, dtype=X1.dtype) if w else None for t, w in zip(operands + (None,), wanted)]
         return (*zeros[:3], torch.zeros(rule.nnz, dtype=X1.dtype) if want_c else None)
-    G, s_a, s_b = layout.contiguous_rows(G, rows)
+    if G.is_contiguous() and G.shape[:-1] == rows.lead:
+        s_a, s_b = G.shape[-1] * rows.B if rows.A != 1 else 0, G.shape[-1] if rows.B != 1 else 0
+    else:
+        G, s_a, s_b = layout.contiguous_rows(G, rows)
+    tensors = operands + (() if weighted else (X1,)) + (G,)  # X1 holds the place of a missing W
     folds = list(rows.operands) + ([] if weighted else [(1, 1, 0, 0)]) + [(rows.A, rows.B, s_a, s_b)]
-    data, table = zip(*(_operand(t, f, rows, dtype) for t, f in
-                           zip(operands + (() if weighted else (X1,)) + (G,), folds)))
-    table = np.array(table, dtype=np.int64)
-    folds = [tuple(int(v) for v in row[:2]) for row in table]
-    # an operand shared along B (A_i == A, B_i == 1) is reduced race-free if no task splits a run of B rows
-    # (when a task holds at least B rows; otherwise private copies of it are small: A is)
-    tasks, span = _tasks(count, rows.B, False)
-    aligned = rows.B <= span and any(w and A_i == rows.A and B_i == 1 < rows.B
-                                     for w, (A_i, B_i) in zip(wanted, folds))
-    if aligned:
-        tasks, span = _tasks(count, rows.B, True)
-    modes = np.array([_gradient_plan(f, rows, w, aligned, tasks) for f, w in zip(folds, wanted)], dtype=np.int64)
-    table[:3, 6] = modes >= _ADD_SHARED
-    if not weighted:
-        table[2, 5] = 1  # the placeholder of W is never read
-    sizes = [*rule.input_sizes, rule.weight_size if weighted else 1, rule.output_size]
-    private_sizes = np.array([A_i * B_i * M for (A_i, B_i), M in zip(folds, sizes)], dtype=np.int64)
+
+    def build():
+        lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(tensors, folds)))
+        return _backward_plan(rows, lines, wanted, rule, weighted, dtype) + (spans,)
+
+    table, sizes, modes, private_sizes, tasks, span, grouped, index, spans = _plan(
+        ("bwd", rule.key, rows, dtype, wanted, want_c) + _signature(tensors), build)
+    data = [_buffer(t, dtype, n) for t, n in zip(tensors, spans)]
+    numpy_dtype = _NUMPY[dtype]
     grads = []
     for mode, size in zip(modes, private_sizes):
         if mode == _SKIP:
-            grads.append(np.zeros(1, dtype=_NUMPY[dtype]))
+            grads.append(np.zeros(1, dtype=numpy_dtype))
         elif mode == _STORE:
-            grads.append(buffers.empty((size,), _NUMPY[dtype]))
+            grads.append(buffers.empty((size,), numpy_dtype))
         else:
-            grads.append(np.zeros(size * (tasks if mode == _ADD_PRIVATE else 1), dtype=_NUMPY[dtype]))
+            grads.append(np.zeros(size * (tasks if mode == _ADD_PRIVATE else 1), dtype=numpy_dtype))
     c = C.detach().to(dtype).contiguous().numpy()
-    w_name = "w" if weighted else None
-    o1, s1, f1a, f1b, f1w = _grouped(rule, "m1", ("mu", "m2", w_name), dtype)
-    o2, s2, f2a, f2b, f2w = _grouped(rule, "m2", ("m1", "mu", w_name), dtype)
-    if weighted:
-        o3, s3, f3a, f3b, f3c = _grouped(rule, "w", ("m1", "m2", "mu"), dtype)
-    else:
-        o3, s3, f3a, f3b, f3c = o1, s1, f1a, f1a, f1a  # unused
-    partial = np.zeros((tasks if want_c else 0, rule.nnz), dtype=_NUMPY[dtype])
-    index = [rule.array(n) if n else np.zeros(rule.nnz, np.int64) for n in ("m1", "m2", "mu", w_name)]
+    partial = np.zeros((tasks if want_c else 0, rule.nnz), dtype=numpy_dtype)
+    o1, s1, f1a, f1b, f1w, o2, s2, f2a, f2b, f2w, o3, s3, f3a, f3b, f3c = grouped
     with _lock:
         kernel = _kernel(_backward, _backward_serial, count)
-        kernel(data[3], data[0], data[1], data[2], table, np.array(sizes, dtype=np.int64),
-               c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2, o3, f3a, f3b, f3c, s3,
-               *index, grads[0], grads[1], grads[2], modes, private_sizes, partial, count, rows.B, span, tasks,
-               weighted, want_c, _NUMPY[dtype](0))
+        kernel(data[3], data[0], data[1], data[2], table, sizes, c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2,
+               o3, f3a, f3b, f3c, s3, *index, grads[0], grads[1], grads[2], modes, private_sizes, partial, count,
+               rows.B, span, tasks, weighted, want_c, numpy_dtype(0))
     results = []
     for t, mode, grad, size in zip(operands + (None,), modes, grads, private_sizes):
         if mode == _SKIP or t is None:
