@@ -19,6 +19,7 @@ from several Python threads, so calls are serialized with a lock (each call alre
 from __future__ import annotations
 
 import threading
+import types
 import numba
 import numpy as np
 import torch
@@ -247,8 +248,18 @@ def _backward(g, x1, x2, x3, table, sizes,
                     partial[task, k] += total
 
 
-_forward_serial = numba.njit(cache=True, fastmath={"contract"})(_forward.py_func)
-_backward_serial = numba.njit(cache=True, fastmath={"contract", "reassoc"})(_backward.py_func)
+def _serial_twin(kernel, name: str, fastmath):
+    """``kernel`` compiled without ``parallel`` (``prange`` runs as ``range``), as a function of its own name:
+    numba's on-disk cache keys compiled code by function name and signature, not by options, so a twin
+    sharing the kernel's Python function could load the parallel version's code or the other way round."""
+    code = kernel.py_func
+    twin = types.FunctionType(code.__code__, code.__globals__, name, code.__defaults__, code.__closure__)
+    twin.__qualname__ = name
+    return numba.njit(cache=True, fastmath=fastmath)(twin)
+
+
+_forward_serial = _serial_twin(_forward, "_forward_serial", {"contract"})
+_backward_serial = _serial_twin(_backward, "_backward_serial", {"contract", "reassoc"})
 
 
 def _kernel(parallel, serial, rows: int):

@@ -86,3 +86,20 @@ def test_bitwise_reproducible_across_thread_counts(generator, weighted):
     assert torch.equal(out_a, out_b)
     for a, b in zip(grads_a, grads_b):
         assert torch.equal(a, b)
+
+
+def test_serial_twins_are_cached_apart_and_agree(generator, monkeypatch):
+    """The serial twin of each kernel has its own name (numba's disk cache keys code by name, not by the
+    parallel option) and gives bitwise the results of the parallel kernel."""
+    for parallel, serial in ((numba_cpu._forward, numba_cpu._forward_serial),
+                             (numba_cpu._backward, numba_cpu._backward_serial)):
+        assert parallel.py_func.__qualname__ != serial.py_func.__qualname__
+    m1, m2, mu, C = random_rule(generator, 4, 3, 5, nnz=20, dtype=torch.float32)
+    rule = sa.Rule(m1, m2, mu, 5)
+    X1 = torch.randn(3000, 4, generator=generator)
+    X2 = torch.randn(3000, 3, generator=generator)
+    results = []
+    for serial_rows in (numba_cpu.SERIAL_ROWS, 10 ** 9):  # the parallel kernel, then the serial twin
+        monkeypatch.setattr(numba_cpu, "SERIAL_ROWS", serial_rows)
+        results.append(sa.accumulate_rule(X1, X2, rule, C, implementation="numba"))
+    assert torch.equal(results[0], results[1])
