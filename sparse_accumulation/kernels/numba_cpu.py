@@ -13,13 +13,17 @@ rows is reached by one task only (an operand shared along ``B`` with tasks cut a
 into it directly, otherwise each task fills a private copy and the copies are summed in task order. Tasks are
 cut from the shapes alone, never from the thread count, so results are bitwise reproducible.
 
-16-bit inputs are computed in float32. numba's default threading layer is not safe for concurrent calls
-from several Python threads, so calls are serialized with a lock (each call already uses every core).
+Calls below :data:`SERIAL_ROWS` rows run serial twins of the kernels (no thread pool); the host-side plan of
+a call is made once per rule, row space and operand layout; large outputs come from
+:mod:`~sparse_accumulation.kernels.buffers`. 16-bit inputs are computed in float32. numba's default threading
+layer is not safe for concurrent calls from several Python threads, so calls are serialized with a lock (each
+call already uses every core).
 """
 from __future__ import annotations
 
 import threading
 import types
+
 import numba
 import numpy as np
 import torch
@@ -326,7 +330,7 @@ def _tasks(count: int, B: int, align: bool) -> tuple:
     return -(-count // span), span
 
 
-def _grouped(rule, name: str, factors: tuple, dtype) -> tuple:
+def _grouped(rule, name: str, factors: tuple) -> tuple:
     """``(order, starts, *index arrays of factors)`` of ``rule`` sorted by ``name`` (cached on the rule)."""
     def build():
         order, starts = rule.grouped_by(name)
@@ -348,7 +352,7 @@ def accumulate(X1, X2, W, C, rule, rows):
             lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
             table = np.array(list(lines) + ([] if weighted else [[1, 1, 0, 0, 0, 1, 0]]), dtype=np.int64)
             sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
-            grouped = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None), dtype)
+            grouped = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None))
             return (table, sizes, spans, grouped) + _tasks(count, rows.B, False)
 
         table, sizes, spans, (order, starts, i1, i2, i3), tasks, span = _plan(
@@ -374,7 +378,7 @@ def _gradient_plan(folded, rows, wanted: bool, aligned: bool, tasks: int) -> int
     return _ADD_PRIVATE
 
 
-def _backward_plan(rows, operand_lines, wanted, rule, weighted, dtype) -> tuple:
+def _backward_plan(rows, operand_lines, wanted, rule, weighted) -> tuple:
     """``(table, sizes, modes, private sizes, tasks, span, sorted index arrays, index arrays)`` of a backward."""
     table = np.array(operand_lines, dtype=np.int64)
     folds = [tuple(int(v) for v in line[:2]) for line in table]
@@ -392,9 +396,9 @@ def _backward_plan(rows, operand_lines, wanted, rule, weighted, dtype) -> tuple:
     sizes = [*rule.input_sizes, rule.weight_size if weighted else 1, rule.output_size]
     private_sizes = np.array([A_i * B_i * M for (A_i, B_i), M in zip(folds, sizes)], dtype=np.int64)
     w_name = "w" if weighted else None
-    grouped = (_grouped(rule, "m1", ("mu", "m2", w_name), dtype) + _grouped(rule, "m2", ("m1", "mu", w_name), dtype)
-               + (_grouped(rule, "w", ("m1", "m2", "mu"), dtype) if weighted
-                  else _grouped(rule, "m1", ("mu", "mu", "mu"), dtype)))  # the last is unused without W
+    grouped = (_grouped(rule, "m1", ("mu", "m2", w_name)) + _grouped(rule, "m2", ("m1", "mu", w_name))
+               + (_grouped(rule, "w", ("m1", "m2", "mu")) if weighted
+                  else _grouped(rule, "m1", ("mu", "mu", "mu"))))  # the last is unused without W
     index = [rule.array(n) if n else np.zeros(rule.nnz, np.int64) for n in ("m1", "m2", "mu", w_name)]
     return table, np.array(sizes, dtype=np.int64), modes, private_sizes, tasks, span, grouped, index
 
@@ -418,7 +422,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
 
     def build():
         lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(tensors, folds)))
-        return _backward_plan(rows, lines, wanted, rule, weighted, dtype) + (spans,)
+        return _backward_plan(rows, lines, wanted, rule, weighted) + (spans,)
 
     table, sizes, modes, private_sizes, tasks, span, grouped, index, spans = _plan(
         ("bwd", rule.key, rows, dtype, wanted, want_c) + _signature(tensors), build)
