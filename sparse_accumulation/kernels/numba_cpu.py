@@ -298,7 +298,10 @@ def _buffer(t: torch.Tensor, dtype: torch.dtype, span: int) -> np.ndarray:
     """The flat numpy buffer of ``span`` elements from the data of ``t`` converted to ``dtype``."""
     if span == 0:
         return np.zeros(1, dtype=_NUMPY[dtype])
-    return _converted(t, dtype).as_strided((span,), (1,)).numpy()
+    t = _converted(t, dtype)
+    if span == t.numel() and t.is_contiguous():
+        return t.numpy().reshape(-1)
+    return t.as_strided((span,), (1,)).numpy()
 
 
 _plans = {}
@@ -418,15 +421,16 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
     else:
         G, s_a, s_b = layout.contiguous_rows(G, rows)
     tensors = operands + (() if weighted else (X1,)) + (G,)  # X1 holds the place of a missing W
-    folds = list(rows.operands) + ([] if weighted else [(1, 1, 0, 0)]) + [(rows.A, rows.B, s_a, s_b)]
 
     def build():
+        folds = list(rows.operands) + ([] if weighted else [(1, 1, 0, 0)]) + [(rows.A, rows.B, s_a, s_b)]
         lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(tensors, folds)))
         return _backward_plan(rows, lines, wanted, rule, weighted) + (spans,)
 
     table, sizes, modes, private_sizes, tasks, span, grouped, index, spans = _plan(
         ("bwd", rule.key, rows, dtype, wanted, want_c) + _signature(tensors), build)
-    data = [_buffer(t, dtype, n) for t, n in zip(tensors, spans)]
+    data = [_buffer(t, dtype, n) for t, n in zip(operands, spans)]
+    data += ([] if weighted else data[:1]) + [_buffer(G, dtype, spans[3])]
     numpy_dtype = _NUMPY[dtype]
     grads = []
     for mode, size in zip(modes, private_sizes):
