@@ -16,7 +16,6 @@ o3 = pytest.importorskip("e3nn.o3")
 from sparse_accumulation.e3nn import SUPPORTED_MODES, TensorProduct  # noqa: E402
 from sparse_accumulation.e3nn_layout import gather, gather_weights, scatter  # noqa: E402
 
-# (until then implementation="auto" raises NotImplementedError for weighted rules on CPU).
 IMPLEMENTATIONS = ["numba", "torch"]
 # None: the default, e3nn's rows on CPU tensors; "divisor": the channel layout CUDA tensors get, forced here
 LAYOUTS = [None, "divisor"]
