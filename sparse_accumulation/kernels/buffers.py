@@ -15,6 +15,7 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+import torch
 
 #: buffers smaller than this come from numpy directly (the C library reuses small blocks without new pages)
 MIN_BYTES = 1 << 20
@@ -61,3 +62,14 @@ def release() -> None:
     """Forget every kept buffer (those still in use stay alive with their results)."""
     with _lock:
         _kept.clear()
+
+
+def tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised contiguous CPU tensor: from a kept buffer (:func:`empty`) from :data:`MIN_BYTES` up,
+    a plain ``torch.empty`` below."""
+    if math.prod(shape) * dtype.itemsize < MIN_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(empty(shape, _NUMPY[dtype]))
+
+
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}

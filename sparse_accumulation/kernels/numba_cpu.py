@@ -27,6 +27,8 @@ import types
 import numba
 import numpy as np
 import torch
+from numba import types as nbtypes
+from numba.extending import intrinsic
 
 from .. import layout
 from . import accumulation_dtype, buffers
@@ -266,26 +268,122 @@ _forward_serial = _serial_twin(_forward, "_forward_serial", {"contract"})
 _backward_serial = _serial_twin(_backward, "_backward_serial", {"contract", "reassoc"})
 
 
-def _kernel(parallel, serial, rows: int):
-    """The kernel for a call of ``rows`` rows: the serial twin below :data:`SERIAL_ROWS` (no thread pool)."""
-    return serial if rows < SERIAL_ROWS else parallel
+@intrinsic
+def _pointer(typingctx, address, zero):
+    """The integer ``address`` as a pointer to elements of the type of ``zero``."""
+    pointer = nbtypes.CPointer(zero)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(pointer))
+
+    return pointer(address, zero), codegen
 
 
-def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    t = t.detach()
-    return t if t.dtype == dtype else t.to(dtype)
+@numba.njit(inline="always")
+def _array(address, count, zero):
+    """The ``count`` elements at ``address`` as a 1-D array; the caller keeps the memory alive."""
+    return numba.carray(_pointer(address, zero), count)
 
 
-def _describe(t: torch.Tensor, folded, rows, dtype: torch.dtype) -> tuple:
-    """``([A_i, B_i, s_a, s_b, col_stride, linear, 0], span)`` of an operand converted to ``dtype``: its line of
-    the kernels' table (:func:`_address`) and the number of elements its flat buffer spans. ``linear``: its
-    rows, in the order of the row space, lie one after the other (row ``r`` at ``r * M``); the last entry,
-    ``reduced``, is set by the backward for gradients that add into targets."""
-    converted = _converted(t, dtype)
-    if converted.stride() != t.stride():  # a conversion may lay out an overlapping view anew
-        folded = folded[:2] + tuple(rows.strides_of(converted))
+# Entry points. The host passes each tensor as its data address and the number of elements the kernel may
+# touch (a few hundred nanoseconds less per tensor than a numpy view); arrays are made here, outside the
+# parallel kernels (numba's parallel passes treat arrays made inside them as local and drop their writes).
+
+
+@numba.njit(cache=True)
+def _forward_at(parallel, addresses, spans, zero, table, sizes, order, i1, i2, i3, starts, shape):
+    """:func:`_forward` (or its serial twin) with X1, X2, W, C and out at ``addresses`` (``spans`` elements
+    each), ``zero`` of the compute dtype, ``shape = (rows, B, span, tasks, weighted)``."""
+    x1, x2, x3 = _array(addresses[0], spans[0], zero), _array(addresses[1], spans[1], zero), \
+        _array(addresses[2], spans[2], zero)
+    c, out = _array(addresses[3], spans[3], zero), _array(addresses[4], spans[4], zero)
+    rows, B, span, tasks, weighted = shape[0], shape[1], shape[2], shape[3], shape[4] != 0
+    if parallel:
+        _forward(x1, x2, x3, table, sizes, c, order, i1, i2, i3, starts, out, rows, B, span, tasks, weighted)
+    else:
+        _forward_serial(x1, x2, x3, table, sizes, c, order, i1, i2, i3, starts, out, rows, B, span, tasks,
+                        weighted)
+
+
+@numba.njit(inline="always")
+def _gradient(address, size, mode, tasks, zero, like):
+    """Where the kernel writes a gradient of ``size`` elements: the target itself (zeroed where it adds), or
+    ``tasks`` private copies of it (of ``like``'s dtype) for :data:`_ADD_PRIVATE`."""
+    if mode == _ADD_PRIVATE:
+        return np.zeros(tasks * size, dtype=like.dtype)
+    target = _array(address, size if mode != _SKIP else 0, zero)
+    if mode == _ADD_SHARED:
+        target[:] = 0
+    return target
+
+
+@numba.njit(inline="always")
+def _sum_copies(copies, address, size, tasks, zero):
+    """The target at ``address`` = the sum of the ``tasks`` private copies, in task order."""
+    target = _array(address, size, zero)
+    for j in range(size):
+        total = copies[j]
+        for task in range(1, tasks):
+            total += copies[task * size + j]
+        target[j] = total
+
+
+@numba.njit(cache=True)
+def _backward_at(parallel, addresses, spans, zero, table, sizes, grouped, index, modes, private_sizes, shape):
+    """:func:`_backward` (or its serial twin) with G, X1, X2, W, C at ``addresses[:5]`` and the gradients dX1,
+    dX2, dW, dC written to ``addresses[5:]`` (``spans`` elements each); ``grouped``: the 15 sorted index
+    arrays, ``index``: m1, m2, mu, w; ``shape = (rows, B, span, tasks, weighted, want_c)``. Private copies
+    of gradients and the per-task shares of dC are summed in task order (dC in float64)."""
+    g, x1 = _array(addresses[0], spans[0], zero), _array(addresses[1], spans[1], zero)
+    x2, x3 = _array(addresses[2], spans[2], zero), _array(addresses[3], spans[3], zero)
+    c = _array(addresses[4], spans[4], zero)
+    rows, B, span, tasks = shape[0], shape[1], shape[2], shape[3]
+    weighted, want_c = shape[4] != 0, shape[5] != 0
+    d1 = _gradient(addresses[5], private_sizes[0], modes[0], tasks, zero, c)
+    d2 = _gradient(addresses[6], private_sizes[1], modes[1], tasks, zero, c)
+    d3 = _gradient(addresses[7], private_sizes[2], modes[2], tasks, zero, c)
+    nnz = index[0].shape[0]
+    partial = np.zeros((tasks if want_c else 0, nnz), dtype=x1.dtype)
+    o1, s1, f1a, f1b, f1w, o2, s2, f2a, f2b, f2w, o3, s3, f3a, f3b, f3c = grouped
+    m1, m2, mu, w = index
+    if parallel:
+        _backward(g, x1, x2, x3, table, sizes, c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2, o3, f3a, f3b, f3c,
+                  s3, m1, m2, mu, w, d1, d2, d3, modes, private_sizes, partial, rows, B, span, tasks, weighted,
+                  want_c, zero)
+    else:
+        _backward_serial(g, x1, x2, x3, table, sizes, c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2, o3, f3a,
+                         f3b, f3c, s3, m1, m2, mu, w, d1, d2, d3, modes, private_sizes, partial, rows, B, span,
+                         tasks, weighted, want_c, zero)
+    for i, d in enumerate((d1, d2, d3)):
+        if modes[i] == _ADD_PRIVATE:
+            _sum_copies(d, addresses[5 + i], private_sizes[i], tasks, zero)
+    if want_c:
+        dc = _array(addresses[8], nnz, zero)
+        for k in range(nnz):
+            total = 0.0
+            for task in range(tasks):
+                total += partial[task, k]
+            dc[k] = total
+
+
+def _converted(operands, rows, dtype: torch.dtype) -> tuple:
+    """``(tensors, folds)``: the operands in the compute ``dtype`` and how each folds into the row space (a
+    conversion may lay out an overlapping view anew, which folds differently)."""
+    if operands[0].dtype == dtype:
+        return operands, rows.operands
+    converted = tuple(t.detach().to(dtype) for t in operands)
+    folds = tuple(f if c.stride() == t.stride() else f[:2] + tuple(rows.strides_of(c))
+                  for t, c, f in zip(operands, converted, rows.operands))
+    return converted, folds
+
+
+def _describe(t: torch.Tensor, folded, rows) -> tuple:
+    """``([A_i, B_i, s_a, s_b, col_stride, linear, 0], span)`` of an operand in the compute dtype: its line of
+    the kernels' table (:func:`_address`) and the number of elements from its data pointer that the kernels
+    may read. ``linear``: its rows, in the order of the row space, lie one after the other (row ``r`` at
+    ``r * M``); the last entry, ``reduced``, is set by the backward for gradients that add into targets."""
     A_i, B_i, s_a, s_b = folded
-    M, col_stride = t.shape[-1], converted.stride(-1)
+    M, col_stride = t.shape[-1], t.stride(-1)
     if A_i * B_i * M == 0:
         return [A_i, B_i, 0, 0, 0, 0, 0], 0
     linear = (A_i == rows.A and B_i == rows.B and col_stride == 1 and (s_b == M or rows.B == 1)
@@ -294,14 +392,8 @@ def _describe(t: torch.Tensor, folded, rows, dtype: torch.dtype) -> tuple:
     return [A_i, B_i, s_a, s_b, col_stride, int(linear), 0], span
 
 
-def _buffer(t: torch.Tensor, dtype: torch.dtype, span: int) -> np.ndarray:
-    """The flat numpy buffer of ``span`` elements from the data of ``t`` converted to ``dtype``."""
-    if span == 0:
-        return np.zeros(1, dtype=_NUMPY[dtype])
-    t = _converted(t, dtype)
-    if span == t.numel() and t.is_contiguous():
-        return t.numpy().reshape(-1)
-    return t.as_strided((span,), (1,)).numpy()
+def _coefficients(C: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return C if C.dtype == dtype and C.is_contiguous() else C.detach().to(dtype).contiguous()
 
 
 _plans = {}
@@ -310,17 +402,13 @@ _PLANS_KEPT = 1024
 
 def _plan(key, build):
     """The host-side plan of a call (tables, task split, sorted index arrays), made once per rule, row space,
-    operand shapes, strides and dtypes, and options."""
+    operand layout and dtype, and options."""
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= _PLANS_KEPT:
             _plans.clear()
         plan = _plans[key] = build()
     return plan
-
-
-def _signature(tensors) -> tuple:
-    return tuple((t.dtype, t.shape, t.stride()) for t in tensors)
 
 
 def _tasks(count: int, B: int, align: bool) -> tuple:
@@ -337,36 +425,43 @@ def _grouped(rule, name: str, factors: tuple) -> tuple:
     """``(order, starts, *index arrays of factors)`` of ``rule`` sorted by ``name`` (cached on the rule)."""
     def build():
         order, starts = rule.grouped_by(name)
-        arrays = [rule.array(f)[order] if f is not None else np.zeros(len(order), np.int64) for f in factors]
-        return (order, starts) + tuple(np.ascontiguousarray(a) for a in arrays)
+        arrays = [order, starts] + [rule.array(f)[order] if f is not None else np.zeros(len(order), np.int64)
+                                    for f in factors]
+        return tuple(np.ascontiguousarray(a, dtype=np.int64) for a in arrays)
     return rule._cached(("numba", name, factors), build)
+
+
+def _zero(dtype: torch.dtype):
+    return _NUMPY[dtype](0)
 
 
 def accumulate(X1, X2, W, C, rule, rows):
     """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`."""
     dtype = accumulation_dtype(X1.dtype)
     count, O = rows.count, rule.output_size
-    out = torch.from_numpy(buffers.empty((count, O), _NUMPY[dtype]))
+    out = buffers.tensor((*rows.lead, O), dtype)
     if count and O:
         weighted = W is not None
-        operands = (X1, X2, W) if weighted else (X1, X2)
+        operands, folds = _converted((X1, X2, W) if weighted else (X1, X2), rows, dtype)
 
         def build():
-            lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(operands, rows.operands)))
+            lines, spans = zip(*(_describe(t, f, rows) for t, f in zip(operands, folds)))
             table = np.array(list(lines) + ([] if weighted else [[1, 1, 0, 0, 0, 1, 0]]), dtype=np.int64)
             sizes = np.array([*rule.input_sizes, rule.weight_size if weighted else 1, O], dtype=np.int64)
-            grouped = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None))
-            return (table, sizes, spans, grouped) + _tasks(count, rows.B, False)
+            order, starts, i1, i2, i3 = _grouped(rule, "mu", ("m1", "m2", "w" if weighted else None))
+            tasks, span = _tasks(count, rows.B, False)
+            spans = (*spans, *([] if weighted else spans[:1]), rule.nnz, count * O)
+            return spans, _zero(dtype), table, sizes, order, i1, i2, i3, starts, \
+                (count, rows.B, span, tasks, int(weighted))
 
-        table, sizes, spans, (order, starts, i1, i2, i3), tasks, span = _plan(
-            ("fwd", rule.key, rows, dtype) + _signature(operands), build)
-        data = [_buffer(t, dtype, n) for t, n in zip(operands, spans)]
-        c = C.detach().to(dtype).contiguous().numpy()
+        plan = _plan(("fwd", rule.key, rows, dtype, folds, tuple(t.stride(-1) for t in operands)), build)
+        c = _coefficients(C, dtype)
+        weights = operands[2] if weighted else operands[0]  # X1 holds the place of a missing W (never read)
+        addresses = (operands[0].data_ptr(), operands[1].data_ptr(), weights.data_ptr(), c.data_ptr(),
+                     out.data_ptr())
         with _lock:
-            _kernel(_forward, _forward_serial, count)(data[0], data[1], data[-1], table, sizes, c, order, i1, i2,
-                                                      i3, starts, out.view(-1).numpy(), count, rows.B, span,
-                                                      tasks, weighted)
-    return out.to(X1.dtype).view(*rows.lead, O)
+            _forward_at(count >= SERIAL_ROWS, addresses, *plan)
+    return out if dtype == X1.dtype else out.to(X1.dtype)
 
 
 def _gradient_plan(folded, rows, wanted: bool, aligned: bool, tasks: int) -> int:
@@ -381,9 +476,9 @@ def _gradient_plan(folded, rows, wanted: bool, aligned: bool, tasks: int) -> int
     return _ADD_PRIVATE
 
 
-def _backward_plan(rows, operand_lines, wanted, rule, weighted) -> tuple:
-    """``(table, sizes, modes, private sizes, tasks, span, sorted index arrays, index arrays)`` of a backward."""
-    table = np.array(operand_lines, dtype=np.int64)
+def _backward_plan(rows, lines, spans, wanted, want_c, rule, weighted, zero) -> tuple:
+    """The arguments of :func:`_backward_at` after ``parallel`` and the addresses."""
+    table = np.array(lines, dtype=np.int64)
     folds = [tuple(int(v) for v in line[:2]) for line in table]
     # an operand shared along B (A_i == A, B_i == 1) is reduced race-free if no task splits a run of B rows
     # (when a task holds at least B rows; otherwise private copies of it are small: A is)
@@ -402,60 +497,49 @@ def _backward_plan(rows, operand_lines, wanted, rule, weighted) -> tuple:
     grouped = (_grouped(rule, "m1", ("mu", "m2", w_name)) + _grouped(rule, "m2", ("m1", "mu", w_name))
                + (_grouped(rule, "w", ("m1", "m2", "mu")) if weighted
                   else _grouped(rule, "m1", ("mu", "mu", "mu"))))  # the last is unused without W
-    index = [rule.array(n) if n else np.zeros(rule.nnz, np.int64) for n in ("m1", "m2", "mu", w_name)]
-    return table, np.array(sizes, dtype=np.int64), modes, private_sizes, tasks, span, grouped, index
+    index = tuple(np.ascontiguousarray(rule.array(n) if n else np.zeros(rule.nnz, np.int64), dtype=np.int64)
+                  for n in ("m1", "m2", "mu", w_name))
+    # G first, then X1, X2, W (X1 in its place without weights), C and the gradients
+    spans = (spans[3], *spans[:3], rule.nnz, *(int(n) if m != _SKIP else 0 for n, m in zip(private_sizes, modes)),
+             rule.nnz if want_c else 0)
+    shape = (rows.count, rows.B, span, tasks, int(weighted), int(want_c))
+    return (spans, zero, table, np.array(sizes, dtype=np.int64), grouped, index, modes,
+            private_sizes, shape)
 
 
 def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True, want_w=False, want_c=True):
     """Gradients ``(dX1, dX2, dW, dC)``; see :mod:`sparse_accumulation.kernels`."""
     dtype = accumulation_dtype(X1.dtype)
     weighted = W is not None
-    operands = (X1, X2, W) if weighted else (X1, X2)
+    originals = (X1, X2, W) if weighted else (X1, X2)
     wanted = (want_x1, want_x2, want_w and weighted)
-    count = rows.count
-    if count == 0:
-        zeros = [torch.zeros(t.shape, dtype=X1.dtype) if w else None for t, w in zip(operands + (None,), wanted)]
+    if rows.count == 0:
+        zeros = [torch.zeros(t.shape, dtype=X1.dtype) if w else None for t, w in zip(originals + (None,), wanted)]
         return (*zeros[:3], torch.zeros(rule.nnz, dtype=X1.dtype) if want_c else None)
+    G = G if G.dtype == dtype else G.detach().to(dtype)
     if G.is_contiguous() and G.shape[:-1] == rows.lead:
-        s_a, s_b = G.shape[-1] * rows.B if rows.A != 1 else 0, G.shape[-1] if rows.B != 1 else 0
+        g_fold = (rows.A, rows.B, G.shape[-1] * rows.B if rows.A != 1 else 0, G.shape[-1] if rows.B != 1 else 0)
     else:
         G, s_a, s_b = layout.contiguous_rows(G, rows)
-    tensors = operands + (() if weighted else (X1,)) + (G,)  # X1 holds the place of a missing W
+        g_fold = (rows.A, rows.B, s_a, s_b)
+    operands, folds = _converted(originals, rows, dtype)
+    tensors = operands + (() if weighted else operands[:1]) + (G,)  # X1 holds the place of a missing W
 
     def build():
-        folds = list(rows.operands) + ([] if weighted else [(1, 1, 0, 0)]) + [(rows.A, rows.B, s_a, s_b)]
-        lines, spans = zip(*(_describe(t, f, rows, dtype) for t, f in zip(tensors, folds)))
-        return _backward_plan(rows, lines, wanted, rule, weighted) + (spans,)
+        all_folds = folds + (() if weighted else ((1, 1, 0, 0),)) + (g_fold,)
+        lines, spans = zip(*(_describe(t, f, rows) for t, f in zip(tensors, all_folds)))
+        return _backward_plan(rows, lines, spans, wanted, want_c, rule, weighted, _zero(dtype))
 
-    table, sizes, modes, private_sizes, tasks, span, grouped, index, spans = _plan(
-        ("bwd", rule.key, rows, dtype, wanted, want_c) + _signature(tensors), build)
-    data = [_buffer(t, dtype, n) for t, n in zip(operands, spans)]
-    data += ([] if weighted else data[:1]) + [_buffer(G, dtype, spans[3])]
-    numpy_dtype = _NUMPY[dtype]
-    grads = []
-    for mode, size in zip(modes, private_sizes):
-        if mode == _SKIP:
-            grads.append(np.zeros(1, dtype=numpy_dtype))
-        elif mode == _STORE:
-            grads.append(buffers.empty((size,), numpy_dtype))
-        else:
-            grads.append(np.zeros(size * (tasks if mode == _ADD_PRIVATE else 1), dtype=numpy_dtype))
-    c = C.detach().to(dtype).contiguous().numpy()
-    partial = np.zeros((tasks if want_c else 0, rule.nnz), dtype=numpy_dtype)
-    o1, s1, f1a, f1b, f1w, o2, s2, f2a, f2b, f2w, o3, s3, f3a, f3b, f3c = grouped
+    plan = _plan(("bwd", rule.key, rows, dtype, wanted, want_c, folds, g_fold, tuple(t.stride(-1) for t in tensors)),
+                 build)
+    grads = [buffers.tensor(t.shape, dtype) if w else None for t, w in zip(originals, wanted)]
+    grads += [None] * (3 - len(grads))
+    dC = torch.empty(rule.nnz, dtype=dtype) if want_c else None
+    c = _coefficients(C, dtype)
+    addresses = (G.data_ptr(), tensors[0].data_ptr(), tensors[1].data_ptr(), tensors[2].data_ptr(), c.data_ptr(),
+                 *(c.data_ptr() if d is None else d.data_ptr() for d in (*grads, dC)))
     with _lock:
-        kernel = _kernel(_backward, _backward_serial, count)
-        kernel(data[3], data[0], data[1], data[2], table, sizes, c, o1, f1a, f1b, f1w, s1, o2, f2a, f2b, f2w, s2,
-               o3, f3a, f3b, f3c, s3, *index, grads[0], grads[1], grads[2], modes, private_sizes, partial, count,
-               rows.B, span, tasks, weighted, want_c, numpy_dtype(0))
-    results = []
-    for t, mode, grad, size in zip(operands + (None,), modes, grads, private_sizes):
-        if mode == _SKIP or t is None:
-            results.append(None)
-            continue
-        if mode == _ADD_PRIVATE:
-            grad = grad.reshape(tasks, size).sum(axis=0)
-        results.append(torch.from_numpy(grad).to(X1.dtype).view(t.shape))
-    # dC sums the per-task partials in float64 in a fixed order: deterministic and accurate.
-    dC = torch.from_numpy(partial.sum(axis=0, dtype=np.float64)).to(X1.dtype) if want_c else None
-    return results[0], results[1], results[2] if weighted else None, dC
+        _backward_at(rows.count >= SERIAL_ROWS, addresses, *plan)
+    if dtype != X1.dtype:
+        grads, dC = [None if d is None else d.to(X1.dtype) for d in grads], None if dC is None else dC.to(X1.dtype)
+    return grads[0], grads[1], grads[2], dC
