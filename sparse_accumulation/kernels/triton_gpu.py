@@ -29,7 +29,7 @@ import os
 import torch
 
 from .. import layout
-from . import accumulation_dtype
+from . import accumulation_dtype, memo
 
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
@@ -52,6 +52,7 @@ DC_STRATEGY = os.environ.get("SPARSE_ACCUMULATION_TRITON_DC_STRATEGY", "columns"
 _INT32_LIMIT = 2**31 - 1
 _MAX_BLOCK_R = 1024
 _SLOTS = ("X1", "X2", "W")
+_CHECKED_STRATEGIES = frozenset(STRATEGIES)
 
 
 def is_available() -> bool:
@@ -63,7 +64,7 @@ def is_available() -> bool:
 
 def _check_strategy(strategy):
     strategy = STRATEGY if strategy is None else strategy
-    if not source.is_strategy(strategy):
+    if strategy not in _CHECKED_STRATEGIES and not source.is_strategy(strategy):
         raise ValueError(f"strategy must be one of {STRATEGIES}, or 'loads+stores' with two of "
                          f"{STRATEGIES[1:]}, got {strategy!r}")
     return strategy
@@ -143,47 +144,35 @@ def _row_kernel(kind: str, rule, layout, strategy: str, acc: str, wanted=()):
     return build.cached((kind, rule.key, layout, strategy, acc, wanted), make)
 
 
-_calls = {}
-_CALLS_KEPT = 4096
+#: host-side plans of calls per rule, row space, operand strides, dtype and options
+_plans = memo.Memo(4096)
 
 
 def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wanted=(), inner=0):
-    """``(kernel, ints, grid, small)`` of a row kernel call, remembered per rule, row space, operand strides,
-    dtype and options, so that a repeated call skips the layout analysis."""
-    key = (kind, rule.key, rows.A, rows.B, tuple(folded), tuple(t.stride(-1) for t in operands), operands[0].dtype,
-           strategy, wanted)
-    try:
-        call = _calls.get(key)
-    except TypeError:  # symbolic sizes under tracing (unhashable): nothing to remember
-        key, call = None, None
-    if call is None:
-        A, B = rows.A, rows.B
-        R = A * B
-        layout_, strides = _layout(operands, folded, A, B, output_widths, inner)
-        kernel = _row_kernel(kind, rule, layout_, strategy, _acc(operands[0].dtype), wanted)
-        ints = _int_args(layout_, strides, R, B)
-        call = (kernel, ints, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), not layout_.idx64)
-        if key is not None:
-            if len(_calls) >= _CALLS_KEPT:
-                _calls.clear()
-            _calls[key] = call
-    return call
+    """The :class:`~.triton.launch.Call` of a row kernel (after the layout analysis of :func:`_layout`)."""
+    A, B = rows.A, rows.B
+    R = A * B
+    layout_, strides = _layout(operands, folded, A, B, output_widths, inner)
+    kernel = _row_kernel(kind, rule, layout_, strategy, _acc(operands[0].dtype), wanted)
+    ints = _int_args(layout_, strides, R, B)
+    return launch.Call(kernel, lambda meta: (triton.cdiv(R, meta["BLOCK_R"]),), ints, tuning=ints[-1],
+                       small=not layout_.idx64)
 
 
-def _launch_rows(call, pointers, device, traceable):
-    kernel, ints, grid, small = call
-    launch.launch(kernel, grid, pointers, ints, device=device, traceable=traceable, tuning=ints[-1], small=small)
+def _last_strides(tensors) -> tuple:
+    return tuple(t.stride(-1) for t in tensors)
 
 
 def _forward(operands, folded, C, rule, rows, strategy, traceable):
-    out = torch.empty((*rows.lead, rule.output_size), dtype=operands[0].dtype, device=operands[0].device)
-    A, B = rows.A, rows.B
-    if A * B == 0 or rule.output_size == 0:
+    out = operands[0].new_empty((*rows.lead, rule.output_size))
+    if rows.A * rows.B == 0 or rule.output_size == 0:
         return out
     if rule.nnz == 0:
         return out.zero_()
-    call = _row_call("fwd", rule, operands, folded, rows, (rule.output_size,), strategy)
-    _launch_rows(call, list(operands) + [C.contiguous(), out], operands[0].device, traceable)
+    call = _plans.get(("fwd", rule.key, rows.A, rows.B, tuple(folded), _last_strides(operands), operands[0].dtype,
+                       strategy),
+                      lambda: _row_call("fwd", rule, operands, folded, rows, (rule.output_size,), strategy))
+    call(list(operands) + [C if C.is_contiguous() else C.contiguous(), out], out.device, traceable)
     return out
 
 
@@ -195,20 +184,12 @@ def accumulate(X1, X2, W, C, rule, rows, strategy=None, traceable=False):
     return _forward(operands, rows.operands, C, rule, rows, _check_strategy(strategy), traceable)
 
 
-def _gradient_target(t, f, rows):
-    """Where a kernel writes the gradient of operand ``t`` (folded ``f``): ``t``'s own shape, or full rows
-    when ``t`` broadcasts (summed afterwards by :func:`_summed`)."""
+def _summed_dims(t, f, rows):
+    """The dimensions of ``[A, B, M]`` rows that the gradient of operand ``t`` (folded ``f``) is summed over,
+    or None where it has ``t``'s own shape."""
     if (f[0], f[1]) == (rows.A, rows.B):
-        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    return torch.empty((rows.A, rows.B, t.shape[-1]), dtype=t.dtype, device=t.device)
-
-
-def _summed(grad, t, f):
-    """A gradient written by :func:`_gradient_target`, of ``t``'s shape."""
-    if grad.shape == t.shape:
-        return grad
-    dims = tuple(d for d in (0, 1) if f[d] == 1 and grad.shape[d] != 1)
-    return (grad.sum(dims, keepdim=True) if dims else grad).view(t.shape)
+        return None
+    return tuple(d for d in (0, 1) if f[d] == 1 and (rows.A, rows.B)[d] != 1)
 
 
 def _with_gradient(G, rows):
@@ -220,6 +201,27 @@ def _with_gradient(G, rows):
     return G, (rows.A, rows.B, s_a, s_b)
 
 
+def _gradient_plan(rule, operands, folded, rows, wanted, strategy) -> tuple:
+    """``(call, outputs)`` of the fused gradient kernel: the row kernel call (None without rows or nonzeros)
+    and per wanted slot ``(slot, shape it writes, dimensions summed afterwards or None, operand shape)``."""
+    slots = tuple(j for j in range(len(operands) - 1) if wanted[j])
+    A, B = rows.A, rows.B
+    # an operand shared by runs of B rows (A_i = A, B_i = 1) has its gradient summed over them in the kernel
+    inner = B if 1 < B <= configs.SUMMED_INNER_MAX and B & (B - 1) == 0 else 0
+    summed = tuple(bool(inner) and tuple(folded[j + 1][:2]) == (A, 1) for j in slots)
+    outputs = []
+    for j, in_kernel in zip(slots, summed):
+        operand = operands[j + 1]
+        dims = None if in_kernel else _summed_dims(operand, folded[j + 1], rows)
+        written = tuple(operand.shape) if dims is None else (A, B, operand.shape[-1])
+        outputs.append((j, written, dims, tuple(operand.shape)))
+    call = None
+    if slots and A * B and rule.nnz:
+        call = _row_call("grad", rule, operands, folded, rows, tuple(o[1][-1] for o in outputs), strategy,
+                         tuple(zip(slots, summed)), inner if any(summed) else 0)
+    return call, tuple(outputs)
+
+
 def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, False), strategy=None,
                                traceable=False):
     """The wanted gradients among ``(dX1, dX2, dW)`` in one kernel that reads G and the operands once
@@ -228,23 +230,18 @@ def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, 
     G, g_folded = _with_gradient(G, rows)
     operands = [G, X1, X2] if W is None else [G, X1, X2, W]
     folded = (g_folded,) + rows.operands
-    slots = tuple(j for j in range(len(operands) - 1) if wanted[j])
-    A, B = rows.A, rows.B
-    # an operand shared by runs of B rows (A_i = A, B_i = 1) has its gradient summed over them in the kernel
-    inner = B if 1 < B <= configs.SUMMED_INNER_MAX and B & (B - 1) == 0 else 0
-    summed = tuple(bool(inner) and tuple(folded[j + 1][:2]) == (A, 1) for j in slots)
-    targets = [torch.empty(operands[j + 1].shape, dtype=X1.dtype, device=X1.device) if s
-               else _gradient_target(operands[j + 1], folded[j + 1], rows) for j, s in zip(slots, summed)]
-    if slots and (A * B == 0 or rule.nnz == 0):
+    call, outputs = _plans.get(("grad", rule.key, rows.A, rows.B, folded, _last_strides(operands), X1.dtype,
+                                strategy, tuple(wanted)),
+                               lambda: _gradient_plan(rule, operands, folded, rows, wanted, strategy))
+    targets = [X1.new_empty(written) for _, written, _, _ in outputs]
+    if call is None:
         for t in targets:
             t.zero_()
-    elif slots:
-        call = _row_call("grad", rule, operands, folded, rows, tuple(t.shape[-1] for t in targets), strategy,
-                         tuple(zip(slots, summed)), inner if any(summed) else 0)
-        _launch_rows(call, operands + [C.contiguous()] + targets, X1.device, traceable)
+    elif targets:
+        call(operands + [C if C.is_contiguous() else C.contiguous()] + targets, X1.device, traceable)
     grads = [None, None, None]
-    for j, target in zip(slots, targets):
-        grads[j] = _summed(target, operands[j + 1], folded[j + 1])
+    for (j, _, dims, shape), target in zip(outputs, targets):
+        grads[j] = target if dims is None else target.sum(dims, keepdim=True).view(shape)
     return tuple(grads)
 
 
@@ -303,6 +300,9 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
                 swapped = [G_rows if i == j else t for i, t in enumerate(operands)]
                 folded = [g_folded if i == j else f for i, f in enumerate(rows.operands)]
                 full = _forward(swapped, folded, C, rule.swapped(_SLOTS[j]), rows, strategy, traceable)
-                grads[j] = _summed(full.view(rows.A, rows.B, -1), operands[j], rows.operands[j])
+                dims = _summed_dims(operands[j], rows.operands[j], rows)
+                if dims is not None:
+                    full = full.view(rows.A, rows.B, -1).sum(dims, keepdim=True)
+                grads[j] = full.view(operands[j].shape)
     dC = accumulate_dC(G, X1, X2, W, rule, rows, traceable=traceable) if want_c else None
     return grads[0], grads[1], grads[2], dC

@@ -6,7 +6,9 @@
   autotuner on every call (about 13 to 20 us of host time per launch, measured on an H200 host);
 * fast (eager calls on CUDA): once per kernel, tuning key, device and pointer alignment, the public launch
   runs and the compiled kernel and the configuration it used are kept; later calls hand the arguments to the
-  compiled kernel's launcher directly (about 5 us). The kernels' integer arguments are not specialised (see
+  compiled kernel's launcher directly (about 5 us); a :class:`Call` (a row kernel with its integer arguments
+  and grid fixed, one per call plan) keeps the plans it used, so its later launches skip even that lookup.
+  The kernels' integer arguments are not specialised (see
   :mod:`.build`), so only the pointers' dtypes and alignment, and the integers' 32-bit range, decide which
   compiled kernel applies.
 
@@ -77,6 +79,44 @@ def _make_plan(kernel, grid, args, device):
     return _Plan(compiled, constexprs, meta)
 
 
+def _public_or_first(kernel, grid, pointers, ints, device, tuning, small):
+    """Launch through Triton; return the fast plan for later launches of this kernel with pointers of this
+    alignment on the current device (None where the fast path does not apply)."""
+    if not FAST_LAUNCH or not small or device.type != "cuda" or id(kernel) in _unsupported or _hooks_active():
+        _run_public(kernel, grid, pointers + ints, device)
+        return None
+    index = torch._C._cuda_getDevice()
+    if device.index is not None and device.index != index:
+        _run_public(kernel, grid, pointers + ints, device)
+        return None
+    key = (id(kernel), index, tuning, _alignment(pointers), pointers[0].dtype, pointers[-1].dtype)
+    plan = _plans.get(key)
+    if plan is None:
+        with _lock:
+            plan = _make_plan(kernel, grid, pointers + ints, device)
+            if plan is None:
+                _unsupported.add(id(kernel))
+            else:
+                _plans[key] = plan
+        return None
+    _launch_plan(plan, grid(plan.meta), index, pointers, ints)
+    return plan
+
+
+def _alignment(pointers) -> int:
+    aligned = 0
+    for t in pointers:
+        aligned = (aligned << 1) | (t.data_ptr() & 15 == 0)
+    return aligned
+
+
+def _launch_plan(plan, grid, index, pointers, ints) -> None:
+    x, *rest = grid
+    plan.launcher(x, rest[0] if rest else 1, rest[1] if len(rest) > 1 else 1,
+                  torch._C._cuda_getCurrentRawStream(index), plan.function, plan.metadata, None, None, None,
+                  *pointers, *ints, *plan.constexprs)
+
+
 def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None, small=True) -> None:
     """Launch ``kernel`` (a generated kernel behind a ``triton.autotune`` of its configurations) on ``grid``.
 
@@ -94,27 +134,30 @@ def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None
     if traceable:
         torch.library.wrap_triton(kernel)[grid](*pointers, *ints)
         return
-    if not FAST_LAUNCH or not small or device.type != "cuda" or id(kernel) in _unsupported or _hooks_active():
-        _run_public(kernel, grid, pointers + ints, device)
-        return
-    index = torch._C._cuda_getDevice()
-    if device.index is not None and device.index != index:
-        _run_public(kernel, grid, pointers + ints, device)
-        return
-    aligned = 0
-    for t in pointers:
-        aligned = (aligned << 1) | (t.data_ptr() & 15 == 0)
-    key = (id(kernel), index, tuning, aligned, pointers[0].dtype, pointers[-1].dtype)
-    plan = _plans.get(key)
-    if plan is None:
-        with _lock:
-            plan = _make_plan(kernel, grid, pointers + ints, device)
-            if plan is None:
-                _unsupported.add(id(kernel))
-            else:
-                _plans[key] = plan
-        return
-    x, *rest = grid(plan.meta)
-    plan.launcher(x, rest[0] if rest else 1, rest[1] if len(rest) > 1 else 1,
-                  torch._C._cuda_getCurrentRawStream(index), plan.function, plan.metadata, None, None, None,
-                  *pointers, *ints, *plan.constexprs)
+    _public_or_first(kernel, grid, pointers, ints, device, tuning, small)
+
+
+class Call:
+    """A launch of ``kernel`` with fixed integer arguments and grid (one call plan of a row kernel), which
+    remembers its fast plans per device and pointer alignment: a repeated eager launch then costs a dictionary
+    lookup and the compiled kernel's launcher. Arguments as for :func:`launch`."""
+
+    __slots__ = ("kernel", "grid", "ints", "tuning", "small", "fast")
+
+    def __init__(self, kernel, grid, ints, *, tuning, small):
+        self.kernel, self.grid, self.ints, self.tuning, self.small = kernel, grid, ints, tuning, small
+        self.fast = {}
+
+    def __call__(self, pointers, device, traceable=False) -> None:
+        if traceable:
+            torch.library.wrap_triton(self.kernel)[self.grid](*pointers, *self.ints)
+            return
+        if FAST_LAUNCH and self.fast and not _hooks_active():
+            index = torch._C._cuda_getDevice()
+            known = self.fast.get((index, _alignment(pointers)))
+            if known is not None and device.index == index:
+                _launch_plan(known[0], known[1], index, pointers, self.ints)
+                return
+        plan = _public_or_first(self.kernel, self.grid, pointers, self.ints, device, self.tuning, self.small)
+        if plan is not None:
+            self.fast[(torch._C._cuda_getDevice(), _alignment(pointers))] = (plan, self.grid(plan.meta))
