@@ -26,7 +26,10 @@ def applies(*tensors) -> bool:
         return False
     if torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active():
         return False
-    return all(type(t) is torch.Tensor for t in tensors if t is not None)
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor:
+            return False
+    return True
 
 
 def accumulate(X1, X2, W, C, rule, kernels):

@@ -160,7 +160,7 @@ def _row_call(kind, rule, operands, folded, rows, output_widths, strategy, wante
 
 
 def _last_strides(tensors) -> tuple:
-    return tuple(t.stride(-1) for t in tensors)
+    return tuple([t.stride(-1) for t in tensors])
 
 
 def _forward(operands, folded, C, rule, rows, strategy, traceable):
