@@ -14,10 +14,11 @@ into it directly, otherwise each task fills a private copy and the copies are su
 cut from the shapes alone, never from the thread count, so results are bitwise reproducible.
 
 Calls below :data:`SERIAL_ROWS` rows run serial twins of the kernels (no thread pool); the host-side plan of
-a call is made once per rule, row space and operand layout; large outputs come from
-:mod:`~sparse_accumulation.kernels.buffers`. 16-bit inputs are computed in float32. numba's default threading
-layer is not safe for concurrent calls from several Python threads, so calls are serialized with a lock (each
-call already uses every core).
+a call is made once per rule, row space and operand layout, and a call hands the kernels its tensors as data
+addresses (:func:`_forward_at`, :func:`_backward_at`), so a small call costs a few microseconds of Python;
+large outputs come from :mod:`~sparse_accumulation.kernels.buffers`. 16-bit inputs are computed in float32.
+numba's default threading layer is not safe for concurrent calls from several Python threads, so calls are
+serialized with a lock (each call already uses every core).
 """
 from __future__ import annotations
 
@@ -554,8 +555,8 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         lines, spans = zip(*(_describe(t, f, rows) for t, f in zip(tensors, all_folds)))
         return _backward_plan(rows, lines, spans, wanted, want_c, rule, weighted, _zero(dtype))
 
-    plan = _plans.get(("bwd", rule.key, rows, dtype, wanted, want_c, folds, g_fold, tuple(t.stride(-1) for t in tensors)),
-                 build)
+    plan = _plans.get(("bwd", rule.key, rows, dtype, wanted, want_c, folds, g_fold,
+                       tuple(t.stride(-1) for t in tensors)), build)
     grads = [buffers.tensor(t.shape, dtype) if w else None for t, w in zip(originals, wanted)]
     grads += [None] * (3 - len(grads))
     dC = torch.empty(rule.nnz, dtype=dtype) if want_c else None

@@ -203,23 +203,20 @@ def _with_gradient(G, rows):
 
 def _gradient_plan(rule, operands, folded, rows, wanted, strategy) -> tuple:
     """``(call, outputs)`` of the fused gradient kernel: the row kernel call (None without rows or nonzeros)
-    and per wanted slot ``(slot, shape it writes, dimensions summed afterwards or None, operand shape)``."""
+    and per wanted slot ``(slot, dims)``: the dimensions of full ``[A, B, M]`` rows that its gradient is summed
+    over afterwards, or None where the kernel writes the operand's own shape."""
     slots = tuple(j for j in range(len(operands) - 1) if wanted[j])
     A, B = rows.A, rows.B
     # an operand shared by runs of B rows (A_i = A, B_i = 1) has its gradient summed over them in the kernel
     inner = B if 1 < B <= configs.SUMMED_INNER_MAX and B & (B - 1) == 0 else 0
     summed = tuple(bool(inner) and tuple(folded[j + 1][:2]) == (A, 1) for j in slots)
-    outputs = []
-    for j, in_kernel in zip(slots, summed):
-        operand = operands[j + 1]
-        dims = None if in_kernel else _summed_dims(operand, folded[j + 1], rows)
-        written = tuple(operand.shape) if dims is None else (A, B, operand.shape[-1])
-        outputs.append((j, written, dims, tuple(operand.shape)))
+    outputs = tuple((j, None if in_kernel else _summed_dims(operands[j + 1], folded[j + 1], rows))
+                    for j, in_kernel in zip(slots, summed))
     call = None
     if slots and A * B and rule.nnz:
-        call = _row_call("grad", rule, operands, folded, rows, tuple(o[1][-1] for o in outputs), strategy,
-                         tuple(zip(slots, summed)), inner if any(summed) else 0)
-    return call, tuple(outputs)
+        call = _row_call("grad", rule, operands, folded, rows, tuple(operands[j + 1].shape[-1] for j in slots),
+                         strategy, tuple(zip(slots, summed)), inner if any(summed) else 0)
+    return call, outputs
 
 
 def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, False), strategy=None,
@@ -233,15 +230,17 @@ def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, 
     call, outputs = _plans.get(("grad", rule.key, rows.A, rows.B, folded, _last_strides(operands), X1.dtype,
                                 strategy, tuple(wanted)),
                                lambda: _gradient_plan(rule, operands, folded, rows, wanted, strategy))
-    targets = [X1.new_empty(written) for _, written, _, _ in outputs]
+    # the shapes come from the operands of this call: the plan's key holds only their folded description
+    targets = [X1.new_empty(operands[j + 1].shape if dims is None else (rows.A, rows.B, operands[j + 1].shape[-1]))
+               for j, dims in outputs]
     if call is None:
         for t in targets:
             t.zero_()
     elif targets:
         call(operands + [C if C.is_contiguous() else C.contiguous()] + targets, X1.device, traceable)
     grads = [None, None, None]
-    for (j, _, dims, shape), target in zip(outputs, targets):
-        grads[j] = target if dims is None else target.sum(dims, keepdim=True).view(shape)
+    for (j, dims), target in zip(outputs, targets):
+        grads[j] = target if dims is None else target.sum(dims, keepdim=True).view(operands[j + 1].shape)
     return tuple(grads)
 
 

@@ -224,6 +224,22 @@ def test_broadcast_operands_forward_gradients_and_dC(strategy, shapes, weighted)
     assert_close(grads[3], reference_dC(G, operands, indices), torch.float64)
 
 
+def test_gradients_take_the_shape_of_each_call():
+    """Operands of different leading shapes that fold into the same row space (``[4, 5, M]`` and ``[20, M]``)
+    share a call plan; each call's gradients still have its own operands' shapes and values."""
+    rule, indices = make_rule("random")
+    for lead in ((4, 5), (20,), (2, 10)):
+        X1, X2 = (randn(*lead, size) for size in rule.input_sizes)
+        C = randn(rule.nnz)
+        G = randn(*lead, rule.output_size)
+        grads = _backward(G, rule, [X1, X2], C, True, True, False, False)
+        flat = [t.reshape(20, 1, -1) for t in (X1, X2)]
+        for j, operand in enumerate((X1, X2)):
+            assert grads[j].shape == operand.shape
+            expected = reference_gradient(G.reshape(20, 1, -1), flat, indices, C, j)
+            assert_close(grads[j].reshape(20, 1, -1), expected, torch.float64)
+
+
 @pytest.mark.parametrize("lead, B", [(5, 8), (3, 32), (7, 2)])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gradients_summed_over_runs_of_rows_in_the_kernel(lead, B, weighted, monkeypatch):
@@ -235,7 +251,7 @@ def test_gradients_summed_over_runs_of_rows_in_the_kernel(lead, B, weighted, mon
     triton_gpu._plans.clear()
     summed = _backward(G, rule, operands, C, True, True, weighted, False)
     plans = [plan for key, plan in triton_gpu._plans.plans.items() if key[0] == "grad"]
-    assert plans and all(dims is None for _, _, dims, _ in plans[-1][1]), "a gradient is summed after the kernel"
+    assert plans and all(dims is None for _, dims in plans[-1][1]), "a gradient is summed after the kernel"
     for j, operand in enumerate(operands):
         assert summed[j].shape == operand.shape
         assert_close(summed[j], reference_gradient(G, operands, indices, C, j), torch.float64)
