@@ -17,13 +17,9 @@ import time
 import torch
 
 import sparse_accumulation as sa
+from sparse_accumulation.bench.timing import elapsed_ms, synchronize
 
 CASES = [((1, 1, 2), (100, 100)), ((2, 2, 2), (1000, 2000)), ((8, 8, 8), (1000, 2000))]
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def host_us(step, device, calls):
@@ -45,21 +41,7 @@ def call_ms(step, device, repeats=50):
     """Median milliseconds of one call from an idle device to its work's end."""
     for _ in range(10):
         step()
-    samples = []
-    for _ in range(repeats):
-        synchronize(device)
-        if device.type == "cuda":
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            step()
-            end.record()
-            end.synchronize()
-            samples.append(begin.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            step()
-            samples.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(samples)
+    return statistics.median(elapsed_ms(step, device) for _ in range(repeats))
 
 
 def steps(l1, l2, L, rows, device):

@@ -48,28 +48,6 @@ def _check_coefficients(C, nnz: int) -> None:
         raise ValueError(f"C must be 1-D with one coefficient per index (length {nnz}), got shape {tuple(C.shape)}")
 
 
-_resolved: dict = {}
-_kernel_modules: dict = {}
-
-
-def _implementation(implementation, device) -> str:
-    """The concrete implementation for ``device`` (cached per default, name and device type in eager mode)."""
-    if torch.compiler.is_compiling():
-        return backends.resolve(implementation, device)
-    key = (backends.get_default_implementation(), implementation, device.type)
-    name = _resolved.get(key)
-    if name is None:
-        name = _resolved[key] = backends.resolve(implementation, device)
-    return name
-
-
-def _kernels(name: str):
-    module = _kernel_modules.get(name)
-    if module is None:
-        module = _kernel_modules[name] = backends.kernels(name)
-    return module
-
-
 def _reference(name, X1, X2, W, C, rule):
     device = X1.device
     indices = [rule.tensor(n, device) for n in ("m1", "m2", "mu")]
@@ -124,11 +102,11 @@ def accumulate_rule(X1, X2, rule, C, W=None, *, implementation=None):
 
 
 def _run(X1, X2, W, C, rule, implementation):
-    name = _implementation(implementation, X1.device)
+    name = backends.resolved(implementation, X1.device)
     if name in backends.REFERENCES:
         return _reference(name, X1, X2, W, C, rule).contiguous()
     if eager.applies(X1, X2, W, C):
-        return eager.accumulate(X1, X2, W, C, rule, _kernels(name))
+        return eager.accumulate(X1, X2, W, C, rule, backends.kernels(name))
     # the op resolves the requested name where it runs: an exported graph then holds "auto", not a kernel
     return ops.accumulate(X1, X2, W, C, rule.key, _requested(implementation))
 
@@ -157,7 +135,7 @@ def _validate_indexed(X1, X2, mu, output_size, m1, m2, C, active: str) -> None:
 
 def _accumulate_indexed(X1, X2, mu, output_size, m1, m2, C, implementation):
     """The tensor API on ``[..., M]`` operands (active dimension last)."""
-    name = _implementation(implementation, X1.device)
+    name = backends.resolved(implementation, X1.device)
     if name in backends.REFERENCES or eager.applies(X1, X2, C, m1, m2, mu):
         rule = prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
         return _run(X1, X2, None, C, rule, name)

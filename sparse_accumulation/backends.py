@@ -121,6 +121,27 @@ def _resolve_name(name: str, device_type: str) -> str:
     return name
 
 
+_resolved: dict = {}
+
+
+def resolved(implementation, device) -> str:
+    """:func:`resolve`, remembered per process default, name and device type (the answer is fixed for the
+    process), so that a call pays one dictionary lookup; resolved afresh while ``torch.compile`` traces."""
+    if torch.compiler.is_compiling():
+        return resolve(implementation, device)
+    key = (_default, implementation, device.type)
+    name = _resolved.get(key)
+    if name is None:
+        name = _resolved[key] = resolve(implementation, device)
+    return name
+
+
+_modules: dict = {}
+
+
 def kernels(implementation: str):
     """The kernel module of a kernel implementation (see :mod:`sparse_accumulation.kernels`)."""
-    return importlib.import_module(_KERNEL_MODULES[implementation])
+    module = _modules.get(implementation)
+    if module is None:
+        module = _modules[implementation] = importlib.import_module(_KERNEL_MODULES[implementation])
+    return module

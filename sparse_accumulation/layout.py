@@ -160,14 +160,17 @@ def plan(tensors, names) -> tuple:
     return tuple(tensors), rows
 
 
-def contiguous_rows(t: torch.Tensor, rows: Rows) -> tuple:
-    """``(t, s_a, s_b)`` for a full ``[*lead, M]`` tensor (an output gradient): ``t`` itself where its strides
-    fold like the plan's, else a contiguous copy."""
+def output_rows(t: torch.Tensor, rows: Rows) -> tuple:
+    """``(t, (A, B, s_a, s_b))`` for a full ``[*lead, M]`` tensor (an output gradient) in the row space:
+    ``t`` itself where its strides fold like the plan's, else a contiguous copy."""
+    if t.is_contiguous():  # the common case, without folding the strides
+        M = t.shape[-1]
+        return t, (rows.A, rows.B, M * rows.B if rows.A != 1 else 0, M if rows.B != 1 else 0)
     strides = rows.strides_of(t)
     if strides is None:
         t = t.contiguous()
         strides = rows.strides_of(t)
-    return (t,) + tuple(strides)
+    return t, (rows.A, rows.B) + tuple(strides)
 
 
 def view3(t: torch.Tensor, folded) -> torch.Tensor:

@@ -49,16 +49,8 @@ def _empty_unless(wanted: bool, like: Optional[Tensor], reference: Tensor) -> Te
     return reference.new_empty(like.shape if wanted else (0,))
 
 
-_kernel_modules: dict = {}
-
-
 def _kernels(implementation: str, device):
-    """The kernel module for ``implementation`` on ``device`` (resolved once per name and device type)."""
-    key = (implementation, device.type)
-    module = _kernel_modules.get(key)
-    if module is None:
-        module = _kernel_modules[key] = backends.kernels(backends.resolve(implementation, device))
-    return module
+    return backends.kernels(backends.resolved(implementation, device))
 
 
 def _forward(kernels, X1, X2, W, C, rule):

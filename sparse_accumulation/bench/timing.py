@@ -30,7 +30,7 @@ import torch
 
 __all__ = [
     "TIMINGS", "EAGER_TIMINGS", "COMPILED_TIMINGS", "normalize_timings", "timing_unavailable", "unit",
-    "synchronize", "make_step", "compile_forward", "measure", "copy_bandwidth",
+    "synchronize", "elapsed_ms", "make_step", "compile_forward", "measure", "copy_bandwidth",
 ]
 
 TIMINGS = ("kernel", "call", "compiled", "reduce-overhead", "host")
@@ -129,8 +129,9 @@ def compile_forward(forward: Callable, timing: str) -> tuple:
     return compiled, before
 
 
-def _elapsed_ms(fn: Callable, device: torch.device) -> float:
-    """Milliseconds of ``fn()`` from an idle device to its work's end (CUDA events on CUDA)."""
+def elapsed_ms(fn: Callable, device) -> float:
+    """Milliseconds of ``fn()`` from an idle ``device`` (a :class:`torch.device`) to its work's end (CUDA events
+    on CUDA, the host clock on the CPU)."""
     synchronize(device)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -163,7 +164,7 @@ def measure(timing: str, step: Callable, device, *, repeats: int = 5, warmup: in
     device = torch.device(device)
     for _ in range(warmup - 1):
         step()
-    single_ms = _elapsed_ms(step, device)  # the last warm-up step (or one more) sizes the batches
+    single_ms = elapsed_ms(step, device)  # the last warm-up step (or one more) sizes the batches
     calls = max(1, min(_MAX_BATCH, int(_BATCH_SECONDS * 1e3 / max(single_ms, 1e-6))))
     deadline = time.perf_counter() + max_seconds
     samples = []
@@ -171,7 +172,7 @@ def measure(timing: str, step: Callable, device, *, repeats: int = 5, warmup: in
         batch = _batch(step, calls)
         for _ in range(repeats):
             if timing == "kernel":
-                samples.append(_elapsed_ms(batch, device) / calls)
+                samples.append(elapsed_ms(batch, device) / calls)
             else:
                 synchronize(device)
                 start = time.perf_counter()
@@ -182,7 +183,7 @@ def measure(timing: str, step: Callable, device, *, repeats: int = 5, warmup: in
                 break
         return samples
     for _ in range(max(repeats, calls)):
-        samples.append(_elapsed_ms(step, device))
+        samples.append(elapsed_ms(step, device))
         if time.perf_counter() > deadline:
             break
     return samples
@@ -199,5 +200,5 @@ def copy_bandwidth(device, n_bytes: Optional[int] = None) -> float:
     source = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).normal_()
     target = torch.empty_like(source)
     target.copy_(source)
-    median_ms = statistics.median(_elapsed_ms(lambda: target.copy_(source), device) for _ in range(5))
+    median_ms = statistics.median(elapsed_ms(lambda: target.copy_(source), device) for _ in range(5))
     return 2 * source.numel() * 4 / (median_ms * 1e-3)

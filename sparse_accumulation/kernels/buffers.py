@@ -21,6 +21,8 @@ import torch
 MIN_BYTES = 1 << 20
 #: most bytes kept in buffers (free or in use)
 MAX_BYTES = 1 << 30
+#: the numpy dtype of each torch dtype that kernels compute in
+NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 _lock = threading.Lock()
 _kept: "OrderedDict[int, np.ndarray]" = OrderedDict()  # id -> 1-D byte buffer, least recently used first
@@ -69,7 +71,4 @@ def tensor(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     a plain ``torch.empty`` below."""
     if math.prod(shape) * dtype.itemsize < MIN_BYTES:
         return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(empty(shape, _NUMPY[dtype]))
-
-
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+    return torch.from_numpy(empty(shape, NUMPY_DTYPES[dtype]))

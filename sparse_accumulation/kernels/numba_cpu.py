@@ -44,7 +44,6 @@ SERIAL_ROWS = 2048
 # how a task writes the gradient of an operand (mode per operand, see _backward)
 _SKIP, _STORE, _ADD_SHARED, _ADD_PRIVATE = 0, 1, 2, 3
 
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
 _lock = threading.Lock()
 
 
@@ -457,7 +456,7 @@ def _grouped(rule, name: str, factors: tuple) -> tuple:
 
 
 def _zero(dtype: torch.dtype):
-    return _NUMPY[dtype](0)
+    return buffers.NUMPY_DTYPES[dtype](0)
 
 
 def accumulate(X1, X2, W, C, rule, rows):
@@ -542,11 +541,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         zeros = [torch.zeros(t.shape, dtype=X1.dtype) if w else None for t, w in zip(originals + (None,), wanted)]
         return (*zeros[:3], torch.zeros(rule.nnz, dtype=X1.dtype) if want_c else None)
     G = G if G.dtype == dtype else G.detach().to(dtype)
-    if G.is_contiguous() and G.shape[:-1] == rows.lead:
-        g_fold = (rows.A, rows.B, G.shape[-1] * rows.B if rows.A != 1 else 0, G.shape[-1] if rows.B != 1 else 0)
-    else:
-        G, s_a, s_b = layout.contiguous_rows(G, rows)
-        g_fold = (rows.A, rows.B, s_a, s_b)
+    G, g_fold = layout.output_rows(G, rows)
     operands, folds = _converted(originals, rows, dtype)
     tensors = operands + (() if weighted else operands[:1]) + (G,)  # X1 holds the place of a missing W
 

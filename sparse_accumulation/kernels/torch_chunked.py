@@ -74,8 +74,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         wanted = (want_x1, want_x2, want_w and W is not None)
         return (*(z if w else None for z, w in zip(zeros, wanted)),
                 torch.zeros(rule.nnz, dtype=X1.dtype, device=X1.device) if want_c else None)
-    G, s_a, s_b = layout.contiguous_rows(G, rows)
-    G = layout.view3(G, (A, B, s_a, s_b))
+    G = layout.view3(*layout.output_rows(G, rows))
     X1, X2, *rest = _views((X1, X2) if W is None else (X1, X2, W), rows)
     W = rest[0] if rest else None
     index = _indices(rule, X1.device)

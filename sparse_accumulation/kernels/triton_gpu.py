@@ -192,15 +192,6 @@ def _summed_dims(t, f, rows):
     return tuple(d for d in (0, 1) if f[d] == 1 and (rows.A, rows.B)[d] != 1)
 
 
-def _with_gradient(G, rows):
-    """``(G, its folded description)`` in the row space (a contiguous copy where its strides do not fold)."""
-    if G.is_contiguous():
-        O = G.shape[-1]
-        return G, (rows.A, rows.B, O * rows.B if rows.A != 1 else 0, O if rows.B != 1 else 0)
-    G, s_a, s_b = layout.contiguous_rows(G, rows)
-    return G, (rows.A, rows.B, s_a, s_b)
-
-
 def _gradient_plan(rule, operands, folded, rows, wanted, strategy) -> tuple:
     """``(call, outputs)`` of the fused gradient kernel: the row kernel call (None without rows or nonzeros)
     and per wanted slot ``(slot, dims)``: the dimensions of full ``[A, B, M]`` rows that its gradient is summed
@@ -224,7 +215,7 @@ def accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted=(True, True, 
     """The wanted gradients among ``(dX1, dX2, dW)`` in one kernel that reads G and the operands once
     (``None`` where not wanted); each of its operand's shape."""
     strategy = _check_strategy(strategy)
-    G, g_folded = _with_gradient(G, rows)
+    G, g_folded = layout.output_rows(G, rows)
     operands = [G, X1, X2] if W is None else [G, X1, X2, W]
     folded = (g_folded,) + rows.operands
     call, outputs = _plans.get(("grad", rule.key, rows.A, rows.B, folded, _last_strides(operands), X1.dtype,
@@ -251,7 +242,7 @@ def accumulate_dC(G, X1, X2, W, rule, rows, strategy=None, traceable=False):
     R = A * B
     if R == 0 or rule.nnz == 0:
         return torch.zeros(rule.nnz, dtype=X1.dtype, device=X1.device)
-    G, g_folded = _with_gradient(G, rows)
+    G, g_folded = layout.output_rows(G, rows)
     operands = [G, X1, X2] + ([] if W is None else [W])
     acc = _acc(X1.dtype)
     block_r, num_warps, blocks, chunk_size = configs.coefficient_gradient_config(acc == "tl.float64",
@@ -293,7 +284,7 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
         grads = list(accumulate_input_gradients(G, X1, X2, W, C, rule, rows, wanted, traceable=traceable))
     elif any(wanted):
         strategy = _check_strategy(None)
-        G_rows, g_folded = _with_gradient(G, rows)
+        G_rows, g_folded = layout.output_rows(G, rows)
         for j, want in enumerate(wanted):
             if want:
                 swapped = [G_rows if i == j else t for i, t in enumerate(operands)]
