@@ -66,6 +66,16 @@ def check(implementation, X1, X2, rule, size, rows: int = 2000) -> float:
     return max(errors)
 
 
+def _parse_rule(text: str) -> tuple:
+    """``"2x2->2"`` as ``(2, 2, 2)``."""
+    try:
+        l1, rest = text.split("x", 1)
+        l2, L = rest.split("->")
+        return int(l1), int(l2), int(L)
+    except ValueError:
+        raise SystemExit(f"--rules: {text!r} is not of the form L1xL2->L (e.g. 2x2->2)") from None
+
+
 def run_case(l1, l2, L, rows, dtype, repeats, implementations):
     rule = sa.get_cg_transformation_rule(l1, l2, L, dtype=dtype)
     m1, m2, mu, C = rule
@@ -104,9 +114,13 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--rules", nargs="+", metavar="L1xL2->L",
+                        help="only these cases (default: l x l -> l for l = 1..8, 3x2->4 and 1x1->2)")
     args = parser.parse_args(argv)
     dtype = getattr(torch, args.dtype)
     cases = [(l, l, l) for l in range(1, 9)] + [(3, 2, 4), (1, 1, 2)]
+    if args.rules:
+        cases = [_parse_rule(text) for text in args.rules]
     results = [run_case(*case, args.rows, dtype, args.repeats, ["numba", "index_add"]) for case in cases]
     bandwidth = copy_bandwidth()
     header = (f"{'rule':>8} {'nnz':>4} | {'numba fwd':>9} {'fwd+bwd':>8} | {'index_add fwd':>13} {'fwd+bwd':>8} "

@@ -2,11 +2,13 @@
 
 Each task walks its rows in blocks; a block of every operand is gathered into component-major scratch
 (``[M, block]``) so that the products run as contiguous, vectorizable loops over the rows of the block, and
-results are scattered back to rows. Rows are addressed through the plan of :mod:`sparse_accumulation.layout`
-(row ``r = a * B + b`` of operand ``i`` starts at ``a * s_a + b * s_b``), so broadcast operands are read in
-place, with stride 0, never expanded. Nonzeros are visited grouped by the component they write (by ``mu`` for
-the forward, by ``m1`` / ``m2`` / ``w`` for the gradients), so each accumulator row is loaded and stored once
-per several products.
+results are scattered back to rows (rows that lie one after the other move in vector tiles,
+:mod:`.numba_transpose`); the products prefetch the next block's rows (:mod:`.numba_prefetch`). Rows are
+addressed through the plan of :mod:`sparse_accumulation.layout` (row ``r = a * B + b`` of operand ``i``
+starts at ``a * s_a + b * s_b``), so broadcast operands are read in place, with stride 0, never expanded.
+Nonzeros are visited grouped by the component they write (by ``mu`` for the forward, by ``m1`` / ``m2`` /
+``w`` for the gradients), so each accumulator row is loaded and stored once per several products; ``dC``
+comes from the products of the ``m1`` pass (:func:`_products_and_sums`) when ``dX1`` is computed.
 
 The gradient of an operand that broadcasts is summed over its repeated rows without races: where each of its
 rows is reached by one task only (an operand shared along ``B`` with tasks cut at multiples of ``B``) tasks add
@@ -22,8 +24,10 @@ serialized with a lock (each call already uses every core).
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import types
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -33,6 +37,9 @@ from numba.extending import intrinsic
 
 from .. import layout
 from . import accumulation_dtype, buffers, memo
+from . import numba_prefetch, numba_transpose
+from .numba_prefetch import share
+from .numba_transpose import columns_to_rows, rows_to_columns
 
 #: rows per block of scratch: long enough for the vector loops, short enough to stay in L1/L2
 BLOCK = 256
@@ -69,39 +76,12 @@ def _address(first, n, B, table, offsets, targets):
 
 
 @numba.njit(inline="always")
-def _rows_to_columns(x, start, n, M, scratch):
-    """``scratch[m, r] = x[start + r * M + m]``; with ``M`` a small constant, LLVM vectorizes this as one
-    interleaved access (whole-vector loads and shuffles)."""
-    for r in range(n):
-        base = start + r * M
-        for m in range(M):
-            scratch[m, r] = x[base + m]
-
-
-@numba.njit(inline="always")
-def _columns_to_rows(scratch, start, n, M, out):
-    """``out[start + r * M + m] = scratch[m, r]`` (see :func:`_rows_to_columns`)."""
-    for r in range(n):
-        base = start + r * M
-        for m in range(M):
-            out[base + m] = scratch[m, r]
-
-
-@numba.njit(inline="always")
 def _gather(x, row, first, n, offsets, scratch):
     """``scratch[m, r]``: component ``m`` of row ``first + r`` of an operand (``row``: its line of the table).
-    Rows that lie one after the other in memory are transposed as a block: with the component count a
-    constant for the widths of l = 1 and 2 (3 and 5; about 1.5x faster), else as one transposed slice (wider
-    interleaved accesses gained nothing)."""
+    Rows that lie one after the other in memory are transposed as a block (:mod:`.numba_transpose`)."""
     M = scratch.shape[0]
     if row[5]:
-        start = first * M
-        if M == 3:
-            _rows_to_columns(x, start, n, 3, scratch)
-        elif M == 5:
-            _rows_to_columns(x, start, n, 5, scratch)
-        else:
-            scratch[:, :n] = x[start:start + n * M].reshape((n, M)).T
+        rows_to_columns(x, first * M, n, scratch)
         return
     col_stride = row[4]
     for m in range(M):
@@ -115,14 +95,7 @@ def _gather(x, row, first, n, offsets, scratch):
 def _scatter(scratch, first, n, out):
     """Rows ``first .. first + n`` of the contiguous ``[rows, width]`` buffer ``out`` from ``scratch[width, n]``
     (as :func:`_gather` transposes)."""
-    width = scratch.shape[0]
-    start = first * width
-    if width == 3:
-        _columns_to_rows(scratch, start, n, 3, out)
-    elif width == 5:
-        _columns_to_rows(scratch, start, n, 5, out)
-    else:
-        out[start:start + n * width].reshape((n, width))[:, :] = scratch[:, :n].T
+    columns_to_rows(scratch, first * scratch.shape[0], n, out)
 
 
 @numba.njit(inline="always")
@@ -136,9 +109,11 @@ def _scatter_add(scratch, targets, n, out, base):
 
 
 @numba.njit(inline="always")
-def _products(target, a, b, c, ia, ib, starts, n):
-    """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n]``."""
+def _products(target, a, b, c, ia, ib, starts, n, sources, ahead):
+    """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n]``, prefetching the
+    ranges ``ahead`` of ``sources`` on the way (:func:`.numba_prefetch.share`)."""
     for j in range(target.shape[0]):
+        share(sources, ahead, j, target.shape[0])
         o = target[j]
         k = starts[j]
         end = starts[j + 1]
@@ -158,9 +133,11 @@ def _products(target, a, b, c, ia, ib, starts, n):
 
 
 @numba.njit(inline="always")
-def _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n):
-    """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n] * w[iw[k], :n]``."""
+def _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n, sources, ahead):
+    """``target[j, :n] += sum over k in group j of c[k] * a[ia[k], :n] * b[ib[k], :n] * w[iw[k], :n]`` (and
+    prefetches as :func:`_products`)."""
     for j in range(target.shape[0]):
+        share(sources, ahead, j, target.shape[0])
         o = target[j]
         k = starts[j]
         end = starts[j + 1]
@@ -177,11 +154,59 @@ def _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n):
 
 
 @numba.njit(inline="always")
-def _any_products(target, a, b, w, c, ia, ib, iw, starts, n, weighted):
+def _any_products(target, a, b, w, c, ia, ib, iw, starts, n, weighted, sources, ahead):
     if weighted:
-        _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n)
+        _weighted_products(target, a, b, w, c, ia, ib, iw, starts, n, sources, ahead)
     else:
-        _products(target, a, b, c, ia, ib, starts, n)
+        _products(target, a, b, c, ia, ib, starts, n, sources, ahead)
+    ahead[:, 1] = 0  # prefetched once
+
+
+@numba.njit(inline="always")
+def _products_and_sums(target, a, b, w, c, ia, ib, iw, starts, n, weighted, x, order, partial, zero, sources,
+                       ahead):
+    """:func:`_any_products`, and for each nonzero ``k`` of group ``j``: ``partial[order[k]] +=`` the sum over
+    the rows of its product without ``c`` times ``x[j]``. With the groups by ``m1`` and ``x`` the block of X1,
+    that is the share of ``dC`` of the rows, from the products the gradient of X1 computes anyway."""
+    for j in range(target.shape[0]):
+        share(sources, ahead, j, target.shape[0])
+        o, xj = target[j], x[j]
+        k = starts[j]
+        end = starts[j + 1]
+        while k < end:
+            a0, b0, c0 = a[ia[k]], b[ib[k]], c[k]
+            pair = k + 1 < end
+            a1, b1 = a[ia[k + pair]], b[ib[k + pair]]  # a second nonzero, or the first again with c = 0
+            c1 = c[k + 1] if pair else zero
+            first, second = zero, zero
+            if weighted:
+                w0, w1 = w[iw[k]], w[iw[k + pair]]
+                for r in range(n):
+                    p0, p1 = a0[r] * b0[r] * w0[r], a1[r] * b1[r] * w1[r]
+                    o[r] += c0 * p0 + c1 * p1
+                    first += p0 * xj[r]
+                    second += p1 * xj[r]
+            else:
+                for r in range(n):
+                    p0, p1 = a0[r] * b0[r], a1[r] * b1[r]
+                    o[r] += c0 * p0 + c1 * p1
+                    first += p0 * xj[r]
+                    second += p1 * xj[r]
+            partial[order[k]] += first
+            if pair:
+                partial[order[k + 1]] += second
+            k += 2
+    ahead[:, 1] = 0
+
+
+@numba.njit(inline="always")
+def _ahead(table, sizes, start, count, weighted, ahead):
+    """``ahead[i]``: the element range of rows ``start .. start + count`` of operand ``i`` where its rows lie
+    one after the other (else an empty range)."""
+    for i in range(ahead.shape[0]):
+        read = table[i, 5] and count > 0 and (i != 2 or weighted)  # operand 2 is W
+        ahead[i, 0] = start * sizes[i]
+        ahead[i, 1] = count * sizes[i] if read else 0
 
 
 @numba.njit(inline="always")
@@ -211,7 +236,6 @@ def _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets
         _gather(x3, table[2], first, n, offsets[2], t3)
 
 
-@numba.njit(parallel=True, cache=True, fastmath={"contract"})
 def _forward(x1, x2, x3, table, sizes, c, order, i1, i2, i3, starts, out, rows, B, span, tasks, weighted):
     """``out[r, mu] += c * x1[m1] * x2[m2] (* x3[w])`` over rows ``0 .. rows``; ``order`` sorts the nonzeros by
     ``mu`` (``starts``: the groups; ``i1, i2, i3`` are in that order already, ``c`` is not);
@@ -221,12 +245,14 @@ def _forward(x1, x2, x3, table, sizes, c, order, i1, i2, i3, starts, out, rows, 
     for task in numba.prange(tasks):
         t1, t2, t3, offsets, targets = _scratch(sizes, table.shape[0], out.dtype)
         acc = np.empty((sizes[3], BLOCK), dtype=out.dtype)
+        ahead = np.empty((3, 2), dtype=np.int64)
         end = min(rows, (task + 1) * span)
         for first in range(task * span, end, BLOCK):
             n = min(BLOCK, end - first)
             _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets)
+            _ahead(table, sizes, first + n, min(BLOCK, end - first - n), weighted, ahead)
             acc[:] = 0
-            _any_products(acc, t1, t2, t3, ck, i1, i2, i3, starts, n, weighted)
+            _any_products(acc, t1, t2, t3, ck, i1, i2, i3, starts, n, weighted, (x1, x2, x3), ahead)
             _scatter(acc, first, n, out)
 
 
@@ -241,7 +267,6 @@ def _write(scratch, first, n, d, targets, mode, task, private_size):
         _scatter_add(scratch, targets, n, d, task * private_size)
 
 
-@numba.njit(parallel=True, cache=True, fastmath={"contract", "reassoc"})
 def _backward(g, x1, x2, x3, table, sizes,
               c, o1, f1a, f1b, f1w, starts1, o2, f2a, f2b, f2w, starts2, o3, f3a, f3b, f3c, starts3,
               m1, m2, mu, w, d1, d2, d3, modes, private_sizes, partial, rows, B, span, tasks, weighted, want_c, zero):
@@ -257,24 +282,31 @@ def _backward(g, x1, x2, x3, table, sizes,
         a1 = np.empty((sizes[0], BLOCK), dtype=x1.dtype)
         a2 = np.empty((sizes[1], BLOCK), dtype=x1.dtype)
         a3 = np.empty((sizes[2], BLOCK), dtype=x1.dtype)
+        ahead = np.empty((4, 2), dtype=np.int64)
+        sources = (x1, x2, x3, g)
         end = min(rows, (task + 1) * span)
         for first in range(task * span, end, BLOCK):
             n = min(BLOCK, end - first)
             _load(first, n, B, table, x1, x2, x3, weighted, t1, t2, t3, offsets, targets)
             _gather(g, table[3], first, n, offsets[3], tg)
-            if modes[0] != _SKIP:  # dX1[m1] += C G[mu] X2[m2] (W[w])
+            _ahead(table, sizes, first + n, min(BLOCK, end - first - n), weighted, ahead)
+            if modes[0] != _SKIP:  # dX1[m1] += C G[mu] X2[m2] (W[w]), and dC from the same products
                 a1[:] = 0
-                _any_products(a1, tg, t2, t3, c1, f1a, f1b, f1w, starts1, n, weighted)
+                if want_c:
+                    _products_and_sums(a1, tg, t2, t3, c1, f1a, f1b, f1w, starts1, n, weighted, t1, o1,
+                                       partial[task], zero, sources, ahead)
+                else:
+                    _any_products(a1, tg, t2, t3, c1, f1a, f1b, f1w, starts1, n, weighted, sources, ahead)
                 _write(a1, first, n, d1, targets[0], modes[0], task, private_sizes[0])
             if modes[1] != _SKIP:  # dX2[m2] += C X1[m1] G[mu] (W[w])
                 a2[:] = 0
-                _any_products(a2, t1, tg, t3, c2, f2a, f2b, f2w, starts2, n, weighted)
+                _any_products(a2, t1, tg, t3, c2, f2a, f2b, f2w, starts2, n, weighted, sources, ahead)
                 _write(a2, first, n, d2, targets[1], modes[1], task, private_sizes[1])
             if modes[2] != _SKIP:  # dW[w] += C X1[m1] X2[m2] G[mu]
                 a3[:] = 0
-                _weighted_products(a3, t1, t2, tg, c3, f3a, f3b, f3c, starts3, n)
+                _weighted_products(a3, t1, t2, tg, c3, f3a, f3b, f3c, starts3, n, sources, ahead)
                 _write(a3, first, n, d3, targets[2], modes[2], task, private_sizes[2])
-            if want_c:  # dC[k] = sum over rows of G[mu] X1[m1] X2[m2] (W[w])
+            if want_c and modes[0] == _SKIP:  # dC[k] = sum over rows of G[mu] X1[m1] X2[m2] (W[w])
                 for k in range(m1.shape[0]):
                     u, v, s = tg[mu[k]], t1[m1[k]], t2[m2[k]]
                     total = zero
@@ -288,18 +320,34 @@ def _backward(g, x1, x2, x3, table, sizes,
                     partial[task, k] += total
 
 
-def _serial_twin(kernel, name: str, fastmath):
-    """``kernel`` compiled without ``parallel`` (``prange`` runs as ``range``), as a function of its own name:
-    numba's on-disk cache keys compiled code by function name and signature, not by options, so a twin
-    sharing the kernel's Python function could load the parallel version's code or the other way round."""
-    code = kernel.py_func
-    twin = types.FunctionType(code.__code__, code.__globals__, name, code.__defaults__, code.__closure__)
-    twin.__qualname__ = name
-    return numba.njit(cache=True, fastmath=fastmath)(twin)
+def _source_tag() -> str:
+    """A digest of the kernel sources (this file and the helper modules compiled into its kernels)."""
+    digest = hashlib.sha256()
+    for path in (__file__, numba_prefetch.__file__, numba_transpose.__file__):
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:12]
 
 
-_forward_serial = _serial_twin(_forward, "_forward_serial", {"contract"})
-_backward_serial = _serial_twin(_backward, "_backward_serial", {"contract", "reassoc"})
+_SOURCE_TAG = _source_tag()
+
+
+def _cached(function, name: str, **options):
+    """``function`` compiled with numba's disk cache, as a function named ``name`` and the digest of the kernel
+    sources. numba's cache keys compiled code by function name and signature, not by options, so each variant
+    (the parallel kernels and their serial twins) needs a name of its own; and it checks only the file of the
+    function it caches, so without the digest a change to a helper in another file would go unnoticed."""
+    name = f"{name}_{_SOURCE_TAG}"
+    named = types.FunctionType(function.__code__, function.__globals__, name, function.__defaults__,
+                               function.__closure__)
+    named.__qualname__ = name
+    return numba.njit(cache=True, **options)(named)
+
+
+# serial twins: prange runs as range, no thread pool
+_forward_serial = _cached(_forward, "_forward_serial", fastmath={"contract"})
+_backward_serial = _cached(_backward, "_backward_serial", fastmath={"contract", "reassoc"})
+_forward = _cached(_forward, "_forward", parallel=True, fastmath={"contract"})
+_backward = _cached(_backward, "_backward", parallel=True, fastmath={"contract", "reassoc"})
 
 
 @intrinsic
@@ -324,7 +372,6 @@ def _array(address, count, zero):
 # parallel kernels (numba's parallel passes treat arrays made inside them as local and drop their writes).
 
 
-@numba.njit(cache=True)
 def _forward_at(parallel, addresses, spans, zero, table, sizes, order, i1, i2, i3, starts, shape):
     """:func:`_forward` (or its serial twin) with X1, X2, W, C and out at ``addresses`` (``spans`` elements
     each), ``zero`` of the compute dtype, ``shape = (rows, B, span, tasks, weighted)``."""
@@ -362,7 +409,6 @@ def _sum_copies(copies, address, size, tasks, zero):
         target[j] = total
 
 
-@numba.njit(cache=True)
 def _backward_at(parallel, addresses, spans, zero, table, sizes, grouped, index, modes, private_sizes, shape):
     """:func:`_backward` (or its serial twin) with G, X1, X2, W, C at ``addresses[:5]`` and the gradients dX1,
     dX2, dW, dC written to ``addresses[5:]`` (``spans`` elements each); ``grouped``: the 15 sorted index
@@ -398,6 +444,10 @@ def _backward_at(parallel, addresses, spans, zero, table, sizes, grouped, index,
             for task in range(tasks):
                 total += partial[task, k]
             dc[k] = total
+
+
+_forward_at = _cached(_forward_at, "_forward_at")
+_backward_at = _cached(_backward_at, "_backward_at")
 
 
 def _converted(operands, rows, dtype: torch.dtype) -> tuple:

@@ -1,12 +1,14 @@
 """The numba kernels at sizes that split a call into blocks and tasks: every row once, broadcast operands read
 in place and their gradients reduced without races, weighted rules, bitwise reproducible across thread counts.
 Each case is checked against float64 ``index_add`` on expanded copies."""
+from pathlib import Path
+
 import numba
 import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import numba_cpu
+from sparse_accumulation.kernels import numba_cpu, numba_transpose
 from accumulation_helpers import assert_close_to, random_rule
 
 # (X1 leading shape, X2 leading shape, W leading shape): several tasks, each broadcast the kernels reduce
@@ -27,15 +29,15 @@ def _expanded_reference(operands, lead, rule_arrays, O):
     return exact, out
 
 
-def _check(generator, leads, weighted, dtype=torch.float64):
-    M1, M2, Mw, O = 4, 3, 2, 5
-    m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=20, dtype=dtype)
-    w = torch.randint(0, Mw, (20,), generator=generator) if weighted else None
+def _check(generator, leads, weighted, dtype=torch.float64, sizes=(4, 3, 2, 5), nnz=20):
+    M1, M2, Mw, O = sizes
+    m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=nnz, dtype=dtype)
+    w = torch.randint(0, Mw, (nnz,), generator=generator) if weighted else None
     sizes = (M1, M2, Mw)[: 3 if weighted else 2]
     operands = [torch.randn(*lead, size, generator=generator, dtype=torch.float64).to(dtype).requires_grad_()
                 for lead, size in zip(leads, sizes)] + [C.requires_grad_()]
     lead = torch.broadcast_shapes(*leads[: len(sizes)])
-    rule = sa.Rule(m1, m2, mu, O, w=w, weight_size=Mw if weighted else None)
+    rule = sa.Rule(m1, m2, mu, O, input_sizes=(M1, M2), w=w, weight_size=Mw if weighted else None)
     out = sa.accumulate_rule(operands[0], operands[1], rule, operands[-1],
                              W=operands[2] if weighted else None, implementation="numba")
     exact, expected = _expanded_reference(operands, lead, (m1, m2, mu, w, C), O)
@@ -52,6 +54,38 @@ def test_blocks_and_tasks_cover_every_row(generator):
     block, tasks = numba_cpu.BLOCK, numba_cpu.MAX_TASKS
     for rows in (block - 1, block, block + 1, tasks * block - 1, tasks * block + 1, 3 * tasks * block + 7):
         _check(generator, [(rows,), (rows,)], weighted=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_wide_and_narrow_rows_across_blocks(generator, weighted, dtype):
+    """Rows moved in vector tiles (17 and 9 components: tiles of 8 and the rest), narrow tiles (7) and element
+    loops (2), over blocks that end within a tile, with the next block prefetched."""
+    rows = 3 * numba_cpu.BLOCK + 13
+    _check(generator, [(rows,), (rows,), (rows,)], weighted, dtype, sizes=(17, 9, 2, 7), nnz=60)
+    _check(generator, [(rows,), (rows,), (rows,)], weighted, dtype, sizes=(7, 17, 9, 17), nnz=60)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_coefficient_gradient_with_and_without_the_gradient_of_x1(generator, weighted, dtype):
+    """dC comes from the products of the pass that computes dX1 when dX1 is wanted (odd and even group sizes),
+    and from a pass of its own when it is not."""
+    M1, M2, Mw, O, nnz, rows = 9, 5, 3, 17, 41, numba_cpu.SERIAL_ROWS + 300
+    m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=nnz, dtype=dtype)
+    w = torch.randint(0, Mw, (nnz,), generator=generator) if weighted else None
+    rule = sa.Rule(m1, m2, mu, O, input_sizes=(M1, M2), w=w, weight_size=Mw if weighted else None)
+    X1, X2, W = (torch.randn(rows, size, generator=generator, dtype=torch.float64) for size in (M1, M2, Mw))
+    G = torch.randn(rows, O, generator=generator, dtype=torch.float64)
+    exact = C.double().requires_grad_()
+    expected = sa.reference.index_add(X1, X2, mu, O, m1, m2, exact, **({"W": W, "w": w} if weighted else {}))
+    (expected_dC,) = torch.autograd.grad(expected, exact, G)
+    for wants_x1 in (True, False):
+        operands = [X1.to(dtype).requires_grad_(wants_x1), X2.to(dtype), C.clone().requires_grad_()]
+        out = sa.accumulate_rule(operands[0], operands[1], rule, operands[2],
+                                 W=W.to(dtype) if weighted else None, implementation="numba")
+        got = torch.autograd.grad(out, [t for t in operands if t.requires_grad], G.to(dtype))
+        assert_close_to(got[-1], expected_dC, dtype)
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -86,6 +120,32 @@ def test_bitwise_reproducible_across_thread_counts(generator, weighted):
     assert torch.equal(out_a, out_b)
     for a, b in zip(grads_a, grads_b):
         assert torch.equal(a, b)
+
+
+def test_cache_names_follow_every_kernel_source(tmp_path, monkeypatch):
+    """numba's disk cache checks only the file of a cached function: the kernels' names carry a digest of
+    every file compiled into them, so a change to a helper in another module compiles them anew."""
+    for kernel in (numba_cpu._forward, numba_cpu._backward, numba_cpu._forward_serial,
+                   numba_cpu._backward_serial, numba_cpu._forward_at, numba_cpu._backward_at):
+        assert kernel.py_func.__qualname__.endswith("_" + numba_cpu._SOURCE_TAG)
+    helper = tmp_path / "numba_transpose.py"
+    helper.write_text(Path(numba_transpose.__file__).read_text() + "\n# changed\n")
+    monkeypatch.setattr(numba_transpose, "__file__", str(helper))
+    assert numba_cpu._source_tag() != numba_cpu._SOURCE_TAG
+
+
+def test_compiled_kernels_can_be_cached(generator):
+    """numba silently keeps code that uses dynamic globals (a function passed as an argument, for one) out of
+    its disk cache, which would cost every process minutes of compiling: each compiled kernel must pass its
+    cache's check."""
+    m1, m2, mu, C = random_rule(generator, 9, 5, 17, nnz=20, dtype=torch.float32)
+    X1 = torch.randn(10, 9, generator=generator, requires_grad=True)
+    X2 = torch.randn(10, 5, generator=generator)
+    sa.accumulate(X1, X2, mu, 17, m1, m2, C, implementation="numba").sum().backward()
+    for kernel in (numba_cpu._forward_at, numba_cpu._backward_at):
+        assert kernel.overloads
+        for compiled in kernel.overloads.values():
+            assert kernel._cache._impl.check_cachable(compiled), kernel.py_func.__qualname__
 
 
 def test_serial_twins_are_cached_apart_and_agree(generator, monkeypatch):
