@@ -82,6 +82,7 @@ def rotate(x: torch.Tensor, irreps, D: dict) -> torch.Tensor:
 
 DDP_STEPS = 3
 DDP_LR = 0.05
+DDP_TIMEOUT_S = 120
 
 
 def tiny_model():
@@ -141,7 +142,7 @@ def ddp_worker(rank: int, world_size: int, port: int, result_path: str) -> None:
     except Exception:  # pragma: no cover - numba is optional for the torch kernels
         pass
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=DDP_TIMEOUT_S))
     try:
         # the rule buffers are constant: no need to broadcast them before every forward
         import inspect
