@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -25,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation import backends  # noqa: E402
-from sparse_accumulation.bench.timing import compile_forward, elapsed_ms, make_step, synchronize  # noqa: E402
+from sparse_accumulation.bench import timing  # noqa: E402
+from sparse_accumulation.bench.timing import compile_forward, make_step  # noqa: E402
 
 CASES = {"cuda": [((8, 8, 8), (1000, 2000)), ((2, 2, 2), (1000, 2000)), ((1, 1, 2), (100, 100))],
          "cpu": [((1, 1, 1), (10, 1)), ((2, 2, 2), (1000, 20))]}
@@ -69,18 +69,11 @@ def kernels_of_a_step(step, steps=5) -> list:
     return sorted(kernels, key=lambda kernel: -kernel[2])
 
 
-def measure(step, device, repeats: int, host_steps: int) -> tuple:
-    """``(median ms of one step from an idle device, host us per step back to back)``."""
-    for _ in range(10):
-        step()
-    call = statistics.median(elapsed_ms(step, device) for _ in range(repeats))
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(host_steps):
-        step()
-    host = (time.perf_counter() - start) / host_steps * 1e6
-    synchronize(device)
-    return call, host
+def measure(step, device, repeats: int) -> tuple:
+    """``(median ms of one step from an idle device, median host us per step back to back)``, with
+    :func:`sparse_accumulation.bench.timing.measure` as ``bench`` takes its ``call`` and ``host`` timings."""
+    return tuple(statistics.median(timing.measure(name, step, device, repeats=repeats, warmup=10))
+                 for name in ("call", "host"))
 
 
 def main(argv=None):
@@ -108,7 +101,7 @@ def main(argv=None):
                 forward, before = (function, None) if mode == "eager" else compile_forward(function, mode)
                 step = make_step(forward, "backward", X1, X2, C, G, requires_grad=True, before=before,
                                  static=mode == "reduce-overhead")
-                call, host = measure(step, device, args.repeats, 200 if rows[0] * rows[1] > 10_000 else 2000)
+                call, host = measure(step, device, args.repeats)
                 print(f"{f'{l1}x{l2}->{L} {rows[0]}x{rows[1]}':>18} {name:>12} {mode:>16} {call:8.3f} {host:8.1f}")
                 if device.type == "cuda":
                     for kernel, launches, us in kernels_of_a_step(step):
