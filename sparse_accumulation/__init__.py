@@ -5,7 +5,8 @@
 kernels on CUDA, registered as torch custom ops (``torch.ops.sparse_accumulation``) with gradients for X1,
 X2 and C to any order. ``accumulate_rule(X1, X2, rule, C, W=None)`` does the same with a prepared
 :class:`Rule` (no index read per call; optional per-row weights ``W``). ``reference`` holds slow, independent
-implementations for validation.
+implementations for validation. ``envsum``, ``sensesum`` and ``featsum`` are HIP-NN's interaction sums
+(:mod:`.hippynn`, also a hippynn kernel backend).
 """
 from . import ops  # registers torch.ops.sparse_accumulation
 from .api import accumulate, accumulate_active_dim_first, accumulate_active_dim_middle, accumulate_rule
@@ -15,6 +16,8 @@ from .modules import CGCalculatorSingle, get_cg_transformation_rule
 from .rules import Rule
 from . import products
 from .products import ClebschGordanIteration, ClebschGordanProduct
+from . import hippynn
+from .hippynn import envsum, featsum, sensesum
 
 __version__ = "0.1.0"
 
@@ -31,6 +34,10 @@ __all__ = [
     "CGCalculatorSingle",
     "ClebschGordanProduct",
     "ClebschGordanIteration",
+    "envsum",
+    "sensesum",
+    "featsum",
+    "hippynn",
     "products",
     "reference",
     "ops",

@@ -1,0 +1,115 @@
+"""The registered ops ``torch.ops.sparse_accumulation.{envsum, sensesum, featsum}``: fake implementations and
+autograd.
+
+Each op takes the data and index tensors of its public function (:mod:`.sums`) and the name of an implementation
+(``"auto"``, ``"numba"``, ``"triton"`` or ``"torch"``, resolved where the op runs, so an exported graph keeps
+``"auto"``), and calls the kernel module of that implementation: :mod:`~sparse_accumulation.kernels.hippynn_numba`,
+:mod:`~sparse_accumulation.kernels.hippynn_triton` or :mod:`~sparse_accumulation.kernels.hippynn_torch`. The ops
+are opaque to ``torch.compile`` and ``torch.export`` (their fake implementations give the shapes).
+
+The three sums are each other's gradients, so every backward is written with these ops and is differentiable
+again, to any order:
+
+* ``envsum(s, z)``: ``ds = sensesum(G, z)``, ``dz = featsum(G, s)``;
+* ``sensesum(env, z)``: ``denv = envsum(G, z)``, ``dz = featsum(env, G)``;
+* ``featsum(env, sense)``: ``denv = envsum(sense, G)``, ``dsense = sensesum(env, G)``;
+
+all with the same ``pair_first`` and ``pair_second``.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import Tensor
+
+from .. import backends
+
+_NAMESPACE = "sparse_accumulation"
+_KERNEL_MODULES = {
+    "numba": "sparse_accumulation.kernels.hippynn_numba",
+    "triton": "sparse_accumulation.kernels.hippynn_triton",
+    "torch": "sparse_accumulation.kernels.hippynn_torch",
+}
+_modules: dict = {}
+
+
+def kernels(implementation: str, device):
+    """The kernel module that runs ``implementation`` (a name or ``"auto"``) on ``device``; a reference name
+    runs the portable ``"torch"`` kernels."""
+    name = backends.resolved(implementation, device)
+    if name not in _KERNEL_MODULES:
+        name = "torch"
+    module = _modules.get(name)
+    if module is None:
+        module = _modules[name] = importlib.import_module(_KERNEL_MODULES[name])
+    return module
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::envsum", mutates_args=())
+def envsum(sensitivities: Tensor, features: Tensor, pair_first: Tensor, pair_second: Tensor,
+           implementation: str) -> Tensor:
+    """``env[pair_first[p], nu, f] += sensitivities[p, nu] * features[pair_second[p], f]``."""
+    return kernels(implementation, features.device).envsum(sensitivities, features, pair_first, pair_second)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::sensesum", mutates_args=())
+def sensesum(env: Tensor, features: Tensor, pair_first: Tensor, pair_second: Tensor, implementation: str) -> Tensor:
+    """``sense[p, nu] = sum_f env[pair_first[p], nu, f] * features[pair_second[p], f]``."""
+    return kernels(implementation, env.device).sensesum(env, features, pair_first, pair_second)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::featsum", mutates_args=())
+def featsum(env: Tensor, sense: Tensor, pair_first: Tensor, pair_second: Tensor, implementation: str) -> Tensor:
+    """``feat[pair_second[p], f] += sum_nu env[pair_first[p], nu, f] * sense[p, nu]``."""
+    return kernels(implementation, env.device).featsum(env, sense, pair_first, pair_second)
+
+
+@envsum.register_fake
+def _(sensitivities, features, pair_first, pair_second, implementation):
+    return features.new_empty((features.shape[0], sensitivities.shape[1], features.shape[1]))
+
+
+@sensesum.register_fake
+def _(env, features, pair_first, pair_second, implementation):
+    return env.new_empty((pair_first.shape[0], env.shape[1]))
+
+
+@featsum.register_fake
+def _(env, sense, pair_first, pair_second, implementation):
+    return env.new_empty((env.shape[0], env.shape[2]))
+
+
+def _setup(ctx, inputs, output):
+    first, second, pair_first, pair_second, implementation = inputs
+    ctx.save_for_backward(first, second, pair_first, pair_second)
+    ctx.implementation = implementation
+
+
+def _envsum_grad(ctx, grad):
+    s, z, pair_first, pair_second = ctx.saved_tensors
+    need_s, need_z = ctx.needs_input_grad[:2]
+    ds = sensesum(grad, z, pair_first, pair_second, ctx.implementation) if need_s else None
+    dz = featsum(grad, s, pair_first, pair_second, ctx.implementation) if need_z else None
+    return ds, dz, None, None, None
+
+
+def _sensesum_grad(ctx, grad):
+    env, z, pair_first, pair_second = ctx.saved_tensors
+    need_env, need_z = ctx.needs_input_grad[:2]
+    denv = envsum(grad, z, pair_first, pair_second, ctx.implementation) if need_env else None
+    dz = featsum(env, grad, pair_first, pair_second, ctx.implementation) if need_z else None
+    return denv, dz, None, None, None
+
+
+def _featsum_grad(ctx, grad):
+    env, sense, pair_first, pair_second = ctx.saved_tensors
+    need_env, need_sense = ctx.needs_input_grad[:2]
+    denv = envsum(sense, grad, pair_first, pair_second, ctx.implementation) if need_env else None
+    dsense = sensesum(env, grad, pair_first, pair_second, ctx.implementation) if need_sense else None
+    return denv, dsense, None, None, None
+
+
+envsum.register_autograd(_envsum_grad, setup_context=_setup)
+sensesum.register_autograd(_sensesum_grad, setup_context=_setup)
+featsum.register_autograd(_featsum_grad, setup_context=_setup)

@@ -1,0 +1,208 @@
+"""Triton kernels of the interaction sums (:mod:`sparse_accumulation.hippynn`); CUDA tensors, or CPU tensors
+under ``TRITON_INTERPRET=1`` (set before this module is imported).
+
+One program per atom (and block of ``nu`` or ``feat``) sums the pairs of its CSR segment (:mod:`.pair_segments`)
+in blocks of ``BLOCK_P`` pairs, in the segment's fixed order: no atomics, every output element written once,
+results reproducible run to run.
+
+* ``envsum``: per atom ``a`` (segments by ``pair_first``), ``env[a] = s[seg]^T @ z[pair_second[seg]]``, a
+  ``[nu, P] x [P, feat]`` product per block of pairs (``tl.dot``);
+* ``sensesum``: per atom ``a`` (segments by ``pair_first``), ``sense[seg] = z[pair_second[seg]] @ env[a]^T``,
+  a ``[P, feat] x [feat, nu]`` product per block of pairs, written to the pairs' own rows;
+* ``featsum``: per atom ``b`` (segments by ``pair_second``), ``feat[b] = sum over the pairs and nu of
+  sense[p, nu] * env[pair_first[p], nu]``: rows of env gathered ``BLOCK_P * BLOCK_NU`` at a time, multiplied and
+  accumulated elementwise, reduced once at the end.
+
+float32 products use ``tl.dot`` with ``input_precision="ieee"`` (:data:`FLOAT32_PRECISION`; ``"tf32"`` would
+round the inputs to 10 bits), 16-bit inputs multiply on tensor cores into float32, float64 multiplies
+elementwise (no ``tl.dot``). A pair whose gathered atom index is out of range contributes nothing (its loads are
+masked; the range check itself is :mod:`.pair_segments`' device-side assertion); a pair whose segment index
+is out of range is in no segment. Offsets are 64-bit. No intermediate of more than one block per program.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from . import pair_segments
+
+#: ``input_precision`` of the float32 products ("ieee": exact float32 multiply-adds)
+FLOAT32_PRECISION = "ieee"
+#: elements of a program's largest register tile
+TILE_ELEMENTS = 4096
+
+
+@triton.jit
+def _pairs(order_ptr, other_ptr, i, end, n_atoms):
+    """For positions ``i`` of a segment ending at ``end``: ``(inside, p, atom, ok)``: whether a position is in
+    the segment, its pair, the pair's other atom (int64), and whether the pair counts (atom in range)."""
+    inside = i < end
+    p = tl.load(order_ptr + i, mask=inside, other=0)
+    atom = tl.load(other_ptr + p, mask=inside, other=0).to(tl.int64)
+    return inside, p, atom, inside & (atom >= 0) & (atom < n_atoms)
+
+
+@triton.jit
+def _envsum_kernel(s_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu, n_feat,
+                   BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr, MODE: tl.constexpr,
+                   PRECISION: tl.constexpr, ACC: tl.constexpr):
+    a = tl.program_id(0).to(tl.int64)
+    nu = tl.program_id(1) * BLOCK_NU + tl.arange(0, BLOCK_NU)
+    f = tl.program_id(2) * BLOCK_F + tl.arange(0, BLOCK_F)
+    nu_ok = nu < n_nu
+    f_ok = f < n_feat
+    start = tl.load(offsets_ptr + a)
+    end = tl.load(offsets_ptr + a + 1)
+    acc = tl.zeros((BLOCK_NU, BLOCK_F), dtype=ACC)
+    for first in range(start, end, BLOCK_P):
+        inside, p, b, ok = _pairs(order_ptr, second_ptr, first + tl.arange(0, BLOCK_P), end, n_atoms)
+        s = tl.load(s_ptr + p[:, None] * n_nu + nu[None, :], mask=ok[:, None] & nu_ok[None, :], other=0.0)
+        z = tl.load(z_ptr + b[:, None] * n_feat + f[None, :], mask=ok[:, None] & f_ok[None, :], other=0.0)
+        if MODE == 0:  # float32
+            acc += tl.dot(tl.trans(s), z, input_precision=PRECISION, out_dtype=ACC)
+        elif MODE == 1:  # 16-bit
+            acc += tl.dot(tl.trans(s), z, out_dtype=ACC)
+        elif MODE == 2:  # float64
+            acc += tl.sum(s[:, :, None] * z[:, None, :], axis=0)
+        else:  # 16-bit, multiplied in float32
+            acc += tl.dot(tl.trans(s).to(tl.float32), z.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+    out = out_ptr + a * n_nu * n_feat + nu[:, None] * n_feat + f[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nu_ok[:, None] & f_ok[None, :])
+
+
+@triton.jit
+def _sensesum_kernel(env_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu, n_feat,
+                     BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr, MODE: tl.constexpr,
+                     PRECISION: tl.constexpr, ACC: tl.constexpr):
+    a = tl.program_id(0).to(tl.int64)
+    nu = tl.program_id(1) * BLOCK_NU + tl.arange(0, BLOCK_NU)
+    nu_ok = nu < n_nu
+    start = tl.load(offsets_ptr + a)
+    end = tl.load(offsets_ptr + a + 1)
+    env = env_ptr + a * n_nu * n_feat + nu[None, :] * n_feat
+    for first in range(start, end, BLOCK_P):
+        inside, p, b, ok = _pairs(order_ptr, second_ptr, first + tl.arange(0, BLOCK_P), end, n_atoms)
+        acc = tl.zeros((BLOCK_P, BLOCK_NU), dtype=ACC)
+        for f0 in range(0, n_feat, BLOCK_F):
+            f = f0 + tl.arange(0, BLOCK_F)
+            f_ok = f < n_feat
+            z = tl.load(z_ptr + b[:, None] * n_feat + f[None, :], mask=ok[:, None] & f_ok[None, :], other=0.0)
+            e = tl.load(env + f[:, None], mask=f_ok[:, None] & nu_ok[None, :], other=0.0)  # [BLOCK_F, BLOCK_NU]
+            if MODE == 0:
+                acc += tl.dot(z, e, input_precision=PRECISION, out_dtype=ACC)
+            elif MODE == 1:
+                acc += tl.dot(z, e, out_dtype=ACC)
+            elif MODE == 2:
+                acc += tl.sum(z[:, :, None] * e[None, :, :], axis=1)
+            else:
+                acc += tl.dot(z.to(tl.float32), e.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+        out = out_ptr + p[:, None] * n_nu + nu[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & nu_ok[None, :])
+
+
+@triton.jit
+def _featsum_kernel(env_ptr, sense_ptr, first_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu, n_feat,
+                    BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr, ACC: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    f_ok = f < n_feat
+    start = tl.load(offsets_ptr + b)
+    end = tl.load(offsets_ptr + b + 1)
+    k = tl.arange(0, BLOCK_P * BLOCK_NU)  # one (pair, nu) term per row of the tile
+    k_pair = k // BLOCK_NU
+    k_nu = k % BLOCK_NU
+    acc = tl.zeros((BLOCK_P * BLOCK_NU, BLOCK_F), dtype=ACC)
+    for first in range(start, end, BLOCK_P):
+        inside, p, a, ok = _pairs(order_ptr, first_ptr, first + k_pair, end, n_atoms)
+        for nu0 in range(0, n_nu, BLOCK_NU):
+            nu = nu0 + k_nu
+            term = ok & (nu < n_nu)
+            s = tl.load(sense_ptr + p * n_nu + nu, mask=term, other=0.0).to(ACC)
+            e = tl.load(env_ptr + (a * n_nu + nu)[:, None] * n_feat + f[None, :],
+                        mask=term[:, None] & f_ok[None, :], other=0.0).to(ACC)
+            acc += s[:, None] * e
+    tl.store(out_ptr + b * n_feat + f, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=f_ok)
+
+
+def _pow2(n: int, low: int, high: int) -> int:
+    return max(low, min(high, triton.next_power_of_2(max(n, 1))))
+
+
+def _mode(dtype: torch.dtype) -> int:
+    """How the products of envsum and sensesum multiply: 0 float32 ``tl.dot``, 1 16-bit ``tl.dot`` into float32,
+    2 float64 elementwise, 3 16-bit inputs converted to float32 first (bfloat16 under the interpreter, whose
+    ``tl.dot`` multiplies bfloat16 bit patterns as integers)."""
+    if dtype == torch.float64:
+        return 2
+    if dtype == torch.float32:
+        return 0
+    return 3 if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" else 1
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _product_blocks(n_nu: int, n_feat: int, dtype: torch.dtype) -> tuple:
+    """``(BLOCK_P, BLOCK_NU, BLOCK_F, num_warps)`` of envsum and sensesum."""
+    if dtype == torch.float64:  # elementwise products: a [P, NU, F] tile
+        return 8, _pow2(n_nu, 1, 16), _pow2(n_feat, 1, 32), 4
+    block_nu, block_f = _pow2(n_nu, 16, 64), _pow2(n_feat, 16, 128)
+    return 32, block_nu, block_f, 8 if block_nu * block_f > TILE_ELEMENTS else 4
+
+
+def _products(kernel, a, b, second, order, offsets, out, grid_nu_feat: bool):
+    """Launch envsum's or sensesum's kernel (one program per atom and block of nu, and of feat where
+    ``grid_nu_feat``)."""
+    n_atoms, n_nu, n_feat = b.shape[0], a.shape[1], b.shape[1]  # a: s or env, b: features
+    a, b = a.contiguous(), b.contiguous()
+    block_p, block_nu, block_f, warps = _product_blocks(n_nu, n_feat, a.dtype)
+    grid = (n_atoms, triton.cdiv(n_nu, block_nu)) + ((triton.cdiv(n_feat, block_f),) if grid_nu_feat else ())
+    kernel[grid](a, b, second, order, offsets, out, n_atoms, n_nu, n_feat, BLOCK_P=block_p, BLOCK_NU=block_nu,
+                 BLOCK_F=block_f, MODE=_mode(a.dtype), PRECISION=FLOAT32_PRECISION, ACC=_acc(a.dtype),
+                 num_warps=warps)
+    return out
+
+
+def envsum(sensitivities, features, pair_first, pair_second):
+    """``env[pair_first[p], nu, f] += sensitivities[p, nu] * features[pair_second[p], f]``: ``[n_atoms, n_nu,
+    n_feat]`` (see :func:`sparse_accumulation.hippynn.envsum`); tensors whose shapes were checked."""
+    n_atoms, n_feat = features.shape
+    order, offsets, second = pair_segments.prepare(pair_first, "pair_first", pair_second, "pair_second", n_atoms)
+    out = features.new_empty((n_atoms, sensitivities.shape[1], n_feat))
+    if out.numel() == 0:
+        return out
+    return _products(_envsum_kernel, sensitivities, features, second, order, offsets, out, True)
+
+
+def sensesum(env, features, pair_first, pair_second):
+    """``sense[p, nu] = sum_f env[pair_first[p], nu, f] * features[pair_second[p], f]``: ``[n_pairs, n_nu]``
+    (see :func:`sparse_accumulation.hippynn.sensesum`); tensors whose shapes were checked."""
+    n_atoms, n_nu, n_feat = env.shape
+    order, offsets, second = pair_segments.prepare(pair_first, "pair_first", pair_second, "pair_second", n_atoms)
+    out = env.new_empty((pair_first.shape[0], n_nu))
+    if out.numel() == 0 or n_feat == 0:
+        return out.zero_()
+    return _products(_sensesum_kernel, env, features, second, order, offsets, out, False)
+
+
+def featsum(env, sense, pair_first, pair_second):
+    """``feat[pair_second[p], f] += sum_nu env[pair_first[p], nu, f] * sense[p, nu]``: ``[n_atoms, n_feat]``
+    (see :func:`sparse_accumulation.hippynn.featsum`); tensors whose shapes were checked."""
+    n_atoms, n_nu, n_feat = env.shape
+    order, offsets, first = pair_segments.prepare(pair_second, "pair_second", pair_first, "pair_first", n_atoms)
+    out = env.new_empty((n_atoms, n_feat))
+    if out.numel() == 0:
+        return out
+    e, s = env.contiguous(), sense.contiguous()
+    wide = env.dtype == torch.float64
+    block_f = _pow2(n_feat, 1, 64 if wide else 128)
+    terms = max(1, (TILE_ELEMENTS // 2 if wide else TILE_ELEMENTS) // block_f)
+    block_nu = min(_pow2(n_nu, 1, 8), terms)
+    grid = (n_atoms, triton.cdiv(n_feat, block_f))
+    _featsum_kernel[grid](e, s, first, order, offsets, out, n_atoms, n_nu, n_feat, BLOCK_P=terms // block_nu,
+                          BLOCK_NU=block_nu, BLOCK_F=block_f, ACC=_acc(e.dtype), num_warps=4)
+    return out
