@@ -14,6 +14,8 @@ from .backends import get_default_implementation, is_available, set_default_impl
 from .kernels import reference
 from .modules import CGCalculatorSingle, get_cg_transformation_rule
 from .rules import Rule
+from .channel_rules import ChannelRule
+from .graph import Index
 from . import products
 from .products import ClebschGordanIteration, ClebschGordanProduct
 from . import hippynn
@@ -27,6 +29,8 @@ __all__ = [
     "accumulate_active_dim_middle",
     "accumulate_rule",
     "Rule",
+    "ChannelRule",
+    "Index",
     "set_default_implementation",
     "get_default_implementation",
     "is_available",

@@ -12,6 +12,8 @@ inside the indexed ops for index tensors).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import backends, eager, ops
@@ -55,7 +57,8 @@ def _reference(name, X1, X2, W, C, rule):
     return reference.BY_NAME[name](X1, X2, indices[2], rule.output_size, indices[0], indices[1], C, **weights)
 
 
-def accumulate_rule(X1, X2, rule, C, W=None, *, implementation=None):
+def accumulate_rule(X1, X2, rule, C, W=None, *, implementation=None, indices_1=None, indices_2=None,
+                    indices_w=None, indices_out=None, size_out=None, reduction=None):
     """Sparse accumulation under a prepared :class:`~sparse_accumulation.rules.Rule`:
     ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * C[k]``, or with a weighted rule
     ``out[..., mu[k]] += X1[..., m1[k]] * X2[..., m2[k]] * W[..., w[k]] * C[k]``.
@@ -72,11 +75,19 @@ def accumulate_rule(X1, X2, rule, C, W=None, *, implementation=None):
         W: ``[..., rule.weight_size]``, for weighted rules only (and required by them).
         implementation: ``None`` (the process default), ``"auto"``, a kernel (``"numba"``, ``"triton"``,
             ``"torch"``) or a reference (``"loops"``, ``"index_add"``; ``"dense"`` and ``"sparse"`` without W).
+        indices_1, indices_2, indices_w, indices_out, size_out, reduction: message passing (see
+            :func:`sparse_accumulation.graph.accumulate_graph`): the first dimension of X1 / X2 / W is gathered
+            by its index (1-D integer tensors of one length, the number of edges, or
+            :class:`~sparse_accumulation.graph.Index` objects; an operand without index has one row per edge, or
+            one), and the output's first dimension has ``size_out`` rows, each the sum of the edges that
+            ``indices_out`` sends there (one row per edge without it). Nothing per edge is materialised. The
+            other leading dimensions (channels) broadcast as above; the kernels implementations only.
 
     Returns:
-        Contiguous ``[*broadcast leading shape, rule.output_size]`` tensor of X1's dtype and device;
-        differentiable with respect to X1, X2, W and C to any order (gradients of broadcast operands are
-        summed over what they broadcast). 16-bit inputs are accumulated in float32.
+        Contiguous ``[*broadcast leading shape, rule.output_size]`` tensor of X1's dtype and device (with
+        indices: ``[size_out or edges, *channel shape, rule.output_size]``); differentiable with respect to X1,
+        X2, W and C to any order (gradients of broadcast operands are summed over what they broadcast). 16-bit
+        inputs are accumulated in float32.
 
     Raises:
         TypeError: ``rule`` is not a Rule, non-tensor or non-floating data, dtypes differ.
@@ -98,7 +109,47 @@ def accumulate_rule(X1, X2, rule, C, W=None, *, implementation=None):
             raise ValueError(f"{name} must end with a dimension of size {size} for this rule, "
                              f"got shape {tuple(t.shape)}")
     _check_coefficients(C, rule.nnz)
+    if any(i is not None for i in (indices_1, indices_2, indices_w, indices_out, size_out, reduction)):
+        return _accumulate_graph(X1, X2, W, C, rule, implementation, (indices_1, indices_2, indices_w, indices_out),
+                                 size_out, reduction)
     return _run(X1, X2, W, C, rule, implementation)
+
+
+def _accumulate_graph(X1, X2, W, C, rule, implementation, indices, size_out, reduction):
+    """:func:`accumulate_rule` with row indices: operands ``[rows, *channels, M]`` as the 2-D operands of a
+    channel rule whose channels are the broadcast channel shape (an operand of all-one channel dimensions is
+    shared by every channel)."""
+    from .channel_rules import ChannelRule
+    from .graph import accumulate_graph
+
+    operands = (X1, X2) if W is None else (X1, X2, W)
+    for name, t in zip(("X1", "X2", "W"), operands):
+        if t.dim() < 2:
+            raise ValueError(f"with indices, {name} needs a row dimension first: [rows, ..., M], got shape "
+                             f"{tuple(t.shape)}")
+    try:
+        channel_shape = torch.broadcast_shapes(*(t.shape[1:-1] for t in operands))
+    except RuntimeError:
+        described = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(("X1", "X2", "W"), operands))
+        raise ValueError(f"the channel dimensions (between the first and the last) of {described} do not "
+                         "broadcast") from None
+    channels = math.prod(channel_shape)
+    if channels == 0:
+        raise ValueError(f"with indices, the channel dimensions {tuple(channel_shape)} must not be empty")
+
+    def rows(t):
+        shared = math.prod(t.shape[1:-1]) == 1
+        if not shared and tuple(t.shape[1:-1]) != tuple(channel_shape):
+            t = t.expand(t.shape[0], *channel_shape, t.shape[-1])
+        width = t.shape[-1] * (1 if shared else channels)
+        return t.reshape(t.shape[0], width), 1 if shared else channels
+
+    flat = [rows(t) for t in operands]
+    crule = ChannelRule.regular(rule, channels, [f[1] for f in flat] + [1] * (3 - len(flat)) + [channels])
+    out = accumulate_graph(crule, flat[0][0], flat[1][0], C, flat[2][0] if W is not None else None,
+                           indices_1=indices[0], indices_2=indices[1], indices_w=indices[2], indices_out=indices[3],
+                           size_out=size_out, implementation=implementation, reduction=reduction)
+    return out.view(out.shape[0], *channel_shape, rule.output_size)
 
 
 def _run(X1, X2, W, C, rule, implementation):

@@ -38,7 +38,7 @@ import torch
 
 from . import backends
 from .api import accumulate_rule
-from .e3nn_layout import divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
+from .e3nn_layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES"]
 
@@ -275,6 +275,7 @@ class TensorProduct(torch.nn.Module):
         self._row_plan = make_plan(*args, 1) if channels is None and self.channels > 1 else self._channel_plan
         for name, plan in (("coefficients_channels", self._channel_plan), ("coefficients_rows", self._row_plan)):
             self.register_buffer(name, torch.as_tensor(plan.coefficients, dtype=dtype), persistent=False)
+        self._graph_rule = channel_rule(self._channel_plan, self.irreps_in2.dim)
 
     def _plan_for(self, device: torch.device):
         """The row plan on CPU tensors (unless the Triton kernels are asked for), else the channel plan."""
@@ -321,18 +322,34 @@ class TensorProduct(torch.nn.Module):
                 offset += size
                 yield (index, ins, view) if yield_instruction else view
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``x[..., irreps_in1.dim]`` times ``y[..., irreps_in2.dim]`` -> ``[..., irreps_out.dim]``.
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None, *,
+                indices_1=None, indices_2=None, indices_out=None, size_out: Optional[int] = None,
+                reduction: Optional[str] = None) -> torch.Tensor:
+        """``x[..., irreps_in1.dim]`` times ``y[..., irreps_in2.dim]`` -> ``[..., irreps_out.dim]``; with
+        cuEquivariance's keywords, message passing: ``out[indices_out[e]] += tp(x[indices_1[e]],
+        y[indices_2[e]], weight[e])`` for every edge ``e``, fused (no per-edge tensor is made).
 
         Args:
-            x, y: floating tensors of one dtype and device in e3nn's layout; leading dimensions broadcast.
+            x, y: floating tensors of one dtype and device in e3nn's layout; leading dimensions broadcast. With
+                indices: ``x [N1, irreps_in1.dim]`` and ``y [N2, irreps_in2.dim]`` (each gathered by its index
+                if given, else one row per edge).
             weight: ``[weight_numel]`` (shared weights) or ``[..., weight_numel]`` (per-row weights, leading
-                dimensions broadcasting with the inputs'); required unless the weights are internal.
+                dimensions broadcasting with the inputs'; with indices ``[edges, weight_numel]``); required
+                unless the weights are internal.
+            indices_1, indices_2: the row of x / y each edge reads (1-D integer tensors of one length, or
+                :class:`sparse_accumulation.graph.Index` objects).
+            indices_out: the output row each edge adds to; ``size_out`` output rows (required with it).
+            reduction: ``"segment"`` (default, deterministic) or ``"atomic"`` (CUDA): how rows that several edges
+                add to are summed (see :func:`sparse_accumulation.graph.accumulate_graph`).
+
+        Returns:
+            ``[..., irreps_out.dim]``, or with indices ``[size_out (or edges), irreps_out.dim]``.
 
         Raises:
-            TypeError: non-tensor inputs or weights, dtypes that differ.
+            TypeError: non-tensor inputs or weights, dtypes that differ, non-integer indices.
             ValueError: last dimensions that do not match the irreps, weights of the wrong shape or missing,
-                leading dimensions that do not broadcast.
+                leading dimensions that do not broadcast, index lengths that differ, ``size_out`` missing.
+            IndexError: an index out of range (eager mode).
         """
         for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
             if not isinstance(t, torch.Tensor):
@@ -342,12 +359,57 @@ class TensorProduct(torch.nn.Module):
         weight = self._get_weights(weight)
         if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
             weight = weight.to(x.dtype)
+        if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
+            return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
         plan, C = self._plan_for(x.device)
         if plan.rule is None:
             shapes = [x.shape[:-1], y.shape[:-1]] + ([] if self.shared_weights else [weight.shape[:-1]])
             return x.new_zeros(*torch.broadcast_shapes(*shapes), self._dims[2])
+        if plan is self._channel_plan and x.device.type == "cuda":
+            return self._in_place(x, y, weight)
         X1 = gather(x, plan.x)
         X2 = y.unsqueeze(-2) if plan.y is None else gather(y, plan.y)
         W = None if plan.weights is None else gather_weights(weight, plan.weights)
         out = accumulate_rule(X1, X2, plan.rule, C.to(x.dtype), W, implementation=self.implementation)
         return scatter(out, plan.out)
+
+    def _weight_rows(self, weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The weights as the W operand of the graph kernels: ``[rows, weight_numel]`` (one row when shared)."""
+        if self._graph_rule is None or not self._graph_rule.weighted:
+            return None
+        return weight.reshape(1, -1) if self.shared_weights else weight
+
+    def _in_place(self, x, y, weight) -> torch.Tensor:
+        """The product of broadcasting e3nn-layout tensors on the graph kernels: one row per broadcast row,
+        e3nn's tensors read and written in place."""
+        W = self._weight_rows(weight)
+        leads = [x.shape[:-1], y.shape[:-1]] + ([] if W is None or self.shared_weights else [W.shape[:-1]])
+        lead = torch.broadcast_shapes(*leads)
+
+        def rows(t):
+            if t.shape[:-1] == lead:
+                return t.reshape(-1, t.shape[-1])
+            if math.prod(t.shape[:-1]) == 1:
+                return t.reshape(1, t.shape[-1])
+            return t.expand(*lead, t.shape[-1]).reshape(-1, t.shape[-1])
+
+        operands = [rows(x), rows(y)] + ([] if W is None else [W if self.shared_weights else rows(W)])
+        out = self._message_passing(*operands[:2], operands[2] if W is not None else None, None, None, None, None,
+                                    None, weights_as_rows=True)
+        return out.view(*lead, self._dims[2])
+
+    def _message_passing(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction, *,
+                         weights_as_rows: bool = False) -> torch.Tensor:
+        from .graph import accumulate_graph
+
+        crule = self._graph_rule
+        W = weight if weights_as_rows else self._weight_rows(weight)
+        if crule is None:
+            edges = next((len(i) for i in (indices_1, indices_2) if i is not None), x.shape[0])
+            return x.new_zeros(edges if indices_out is None else size_out, self._dims[2])
+        for name, t in (("x", x), ("y", y)):
+            if t.dim() != 2:
+                raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
+        return accumulate_graph(crule, x, y, self.coefficients_channels.to(x.dtype), W, indices_1=indices_1,
+                                indices_2=indices_2, indices_out=indices_out, size_out=size_out,
+                                implementation=self.implementation, reduction=reduction)

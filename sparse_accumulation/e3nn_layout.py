@@ -39,6 +39,7 @@ import torch
 
 import cg
 
+from .channel_rules import ONE, ChannelRule, ColumnMap
 from .rules import Rule
 
 
@@ -363,3 +364,33 @@ def _rule_arrays(instructions, irreps_in1, irreps_in2, irreps_out, channels, x, 
         arrays.append(np.broadcast_to(C, shape).ravel())
         pieces.append(arrays)
     return [None if parts[0] is None else np.concatenate(parts) for parts in zip(*pieces)]
+
+
+def _column_map(layout: Layout) -> ColumnMap:
+    """Where each column of a channel operand lies in the e3nn-layout tensor: column ``offset + j`` of a
+    segment at ``start + j`` of channel 0, one channel further on ``width(U)`` columns (0 when shared)."""
+    base, step = [], []
+    for s in layout.segments:
+        w = s.width(layout.channels)
+        base += [s.start + j for j in range(w)]
+        step += [0 if s.shared else w] * w
+    return ColumnMap(tuple(base), tuple(step), layout.size)
+
+
+def _weight_map(weights: WeightLayout) -> ColumnMap:
+    """The weight operand's map into e3nn's ``weight[..., weight_numel]`` (the column of ones reads 1)."""
+    column_map = _column_map(weights.layout)
+    if weights.ones is None:
+        return column_map
+    return ColumnMap(column_map.base + (ONE,), column_map.step + (0,), column_map.width)
+
+
+def channel_rule(plan: Plan, in2_dim: int) -> Optional[ChannelRule]:
+    """The :class:`~sparse_accumulation.channel_rules.ChannelRule` of a plan: its rule on ``plan.channels``
+    channels, reading and writing e3nn's tensors in place (``x``, ``y`` of ``in2_dim`` columns, the weights,
+    the output); None when the plan computes nothing."""
+    if plan.rule is None:
+        return None
+    y = (ColumnMap(tuple(range(in2_dim)), (0,) * in2_dim, in2_dim) if plan.y is None else _column_map(plan.y))
+    weights = None if plan.weights is None else _weight_map(plan.weights)
+    return ChannelRule(plan.rule, plan.channels, (_column_map(plan.x), y, weights, _column_map(plan.out)))

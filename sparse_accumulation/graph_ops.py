@@ -1,0 +1,256 @@
+"""The registered graph ops ``torch.ops.sparse_accumulation.graph_accumulate`` and ``graph_coefficient_sums``.
+
+``graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation,
+reduction) -> [outputs]`` computes outputs of a :class:`~sparse_accumulation.channel_rules.ChannelRule` (named
+by its key ``crule``) over ``edges`` edges, as :mod:`sparse_accumulation.kernels.graph` describes: per slot
+(X1, X2, W, out: ``T``) an input tensor or None, the index of its rows (None: row ``e`` of edge ``e``), and for an
+output gathered by an index, its segments (``offsets``, ``orders``: see :func:`segments`) or None; ``outputs``
+lists the output slots, ``rows`` the row count of every slot. An output slot without index gets one row per
+edge (or, if ``rows`` says 1, the sum over the edges); one with an index is summed into its rows through its
+segments, made here when not given (``reduction="segment"``: deterministic) or with atomic adds
+(``reduction="atomic"``, CUDA only).
+
+``graph_coefficient_sums(X1, X2, W, T, indices, crule, edges, implementation) -> [nnz]``: the sum over edges and
+channels of the product of all four slots, per nonzero (the gradient of C).
+
+The two ops are closed under differentiation: the gradient of output ``j`` with respect to the tensor of slot
+``s`` is ``graph_accumulate`` with the output gradient in slot ``j`` and output slot ``s``; with respect to C,
+``graph_coefficient_sums`` with the gradient in slot ``j``; the gradient of ``graph_coefficient_sums`` is
+``graph_accumulate`` with its output gradient as coefficients. Every order of derivative runs on the kernels.
+``graph_accumulate`` is a ``torch.library.triton_op``: with the Triton implementation on CUDA,
+``torch.compile`` sees its kernel launches.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from . import backends
+from .channel_rules import ChannelRule
+
+_NAMESPACE = "sparse_accumulation"
+SEGMENT, EDGE, ATOMIC = "segment", "edge", "atomic"
+REDUCTIONS = (SEGMENT, ATOMIC)
+
+_GRAPH_KERNELS = {
+    "triton": "sparse_accumulation.kernels.triton_graph",
+    "torch": "sparse_accumulation.kernels.graph",
+    "numba": "sparse_accumulation.kernels.numba_graph",
+}
+
+
+def graph_kernels(implementation: str):
+    """The graph kernel module of a kernel implementation name ("numba", "triton", "torch")."""
+    import importlib
+
+    return importlib.import_module(_GRAPH_KERNELS[implementation])
+
+
+def _resolved_kernels(implementation: str, device):
+    name = backends.resolved(implementation, device)
+    return graph_kernels(name if name in _GRAPH_KERNELS else "torch")
+
+
+def segments(index: Tensor, size: int) -> tuple:
+    """``(offsets, order)``: ``order`` sorts the edges by ``index`` (stable), and the edges of row ``r`` are
+    ``order[offsets[r]:offsets[r + 1]]``; values outside ``[0, size)`` lie in no row. Device operations only
+    (no synchronisation)."""
+    values, order = torch.sort(index, stable=True)
+    boundaries = torch.arange(size + 1, device=index.device, dtype=values.dtype)
+    return torch.searchsorted(values, boundaries), order
+
+
+def _mode(slot, indices, offsets, reduction, device) -> str:
+    if indices[slot] is None:
+        return EDGE
+    if offsets[slot] is not None or reduction == SEGMENT or device.type != "cuda":
+        return SEGMENT
+    return ATOMIC
+
+
+def _run(kernels, tensors, C, indices, offsets, orders, crule, outputs, rows, edges, reduction, traceable):
+    """Group the outputs into kernel calls: one per segment index (the first also takes the outputs written per
+    edge or atomically), or one over the edges."""
+    crule = ChannelRule.from_key(crule)
+    tensors = [t if t is None or indices[s] is not None or t.shape[0] == edges else t.expand(edges, -1)
+               for s, t in enumerate(tensors)]
+    device = C.device
+    plan, groups = [], {}
+    for slot in outputs:
+        mode = _mode(slot, indices, offsets, reduction, device)
+        size = edges if mode == EDGE else rows[slot]
+        plan.append((slot, mode, size))
+        if mode == SEGMENT:
+            groups.setdefault(id(indices[slot]), []).append(slot)
+    results = {}
+    calls = [(slots[0], [p for p in plan if p[0] in slots]) for slots in groups.values()] or [(None, [])]
+    calls[0][1].extend(p for p in plan if p[1] != SEGMENT)
+    for first, entries in calls:
+        segment_data = None
+        if first is not None:
+            segment_data = ((offsets[first], orders[first]) if offsets[first] is not None
+                            else segments(indices[first], rows[first]))
+        produced = kernels.run(crule, tensors, indices, tuple(entries), C, edges=edges, segments=segment_data,
+                               traceable=traceable)
+        results.update({slot: t for (slot, _, _), t in zip(entries, produced)})
+    out = []
+    for slot in outputs:
+        t = results[slot]
+        if indices[slot] is None and rows[slot] != edges:  # one row shared by every edge: its summed gradient
+            t = t.sum(0, keepdim=True)
+        out.append(t)
+    return out
+
+
+def _fake_outputs(tensors, C, crule, outputs, rows):
+    crule = ChannelRule.from_key(crule)
+    like = next((t for t in tensors if t is not None), C)
+    return [like.new_empty((rows[s], crule.maps[s].width)) for s in outputs]
+
+
+# opaque kernel op: every implementation but Triton-on-CUDA, inside the triton_op
+_library = torch.library.Library(_NAMESPACE, "FRAGMENT")
+_library.define("kernel_graph_accumulate(Tensor? X1, Tensor? X2, Tensor? W, Tensor? T, Tensor C, "
+                "Tensor?[] indices, Tensor?[] offsets, Tensor?[] orders, str crule, int[] outputs, int[] rows, "
+                "int edges, str implementation, str reduction) -> Tensor[]")
+
+
+def _kernel_graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                             implementation, reduction):
+    return _run(_resolved_kernels(implementation, C.device), [X1, X2, W, T], C, indices, offsets, orders, crule,
+                outputs, rows, edges, reduction, False)
+
+
+_library.impl("kernel_graph_accumulate", _kernel_graph_accumulate, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{_NAMESPACE}::kernel_graph_accumulate", lib=_library)
+def _(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation, reduction):
+    return _fake_outputs([X1, X2, W, T], C, crule, outputs, rows)
+
+
+_kernel_graph_accumulate_op = torch.ops.sparse_accumulation.kernel_graph_accumulate.default
+
+
+def _triton_here(implementation: str, device) -> bool:
+    return device.type == "cuda" and backends.resolve(implementation, device) == "triton"
+
+
+@torch.library.triton_op(f"{_NAMESPACE}::graph_accumulate", mutates_args=())
+def graph_accumulate(X1: Optional[Tensor], X2: Optional[Tensor], W: Optional[Tensor], T: Optional[Tensor],
+                     C: Tensor, indices: List[Optional[Tensor]], offsets: List[Optional[Tensor]],
+                     orders: List[Optional[Tensor]], crule: str, outputs: List[int], rows: List[int], edges: int,
+                     implementation: str, reduction: str) -> List[Tensor]:
+    """Outputs ``outputs`` of the channel rule of key ``crule`` with the tensors of slots X1, X2, W and out
+    (``T``); see the module docstring."""
+    if _triton_here(implementation, C.device):
+        return _run(graph_kernels("triton"), [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows,
+                    edges, reduction, True)
+    return _kernel_graph_accumulate_op(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                                       implementation, reduction)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::graph_coefficient_sums", mutates_args=())
+def graph_coefficient_sums(X1: Optional[Tensor], X2: Optional[Tensor], W: Optional[Tensor], T: Tensor,
+                           indices: List[Optional[Tensor]], crule: str, edges: int, implementation: str) -> Tensor:
+    """Per nonzero, the sum over edges and channels of the product of the four slots (see the module)."""
+    from .kernels import graph as reference
+
+    tensors = [t if t is None or indices[s] is not None or t.shape[0] == edges else t.expand(edges, -1)
+               for s, t in enumerate((X1, X2, W, T))]
+    return reference.coefficient_sums(ChannelRule.from_key(crule), tensors, indices, edges=edges)
+
+
+@graph_coefficient_sums.register_fake
+def _(X1, X2, W, T, indices, crule, edges, implementation):
+    return T.new_empty((ChannelRule.from_key(crule).rule.nnz,))
+
+
+def _save(ctx, tensors, C, indices, offsets, orders):
+    """Save the tensor arguments (lists with holes) for the backward, and which of them want gradients."""
+    groups = (list(tensors), [C], list(indices), list(offsets), list(orders))
+    flat = [t for group in groups for t in group]
+    ctx.present = [t is not None for t in flat]
+    ctx.lengths = [len(g) for g in groups]
+    ctx.save_for_backward(*[t for t in flat if t is not None])
+    ctx.wanted = [t is not None and t.requires_grad for t in tensors]
+    ctx.c_wanted = C is not None and C.requires_grad
+
+
+def _restore(ctx):
+    saved = iter(ctx.saved_tensors)
+    flat = [next(saved) if present else None for present in ctx.present]
+    groups, start = [], 0
+    for n in ctx.lengths:
+        groups.append(flat[start:start + n])
+        start += n
+    tensors, (C,), indices, offsets, orders = groups
+    return tensors, C, indices, offsets, orders
+
+
+def _setup_accumulate(ctx, inputs, output):
+    X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation, reduction = inputs
+    _save(ctx, (X1, X2, W, T), C, indices, offsets, orders)
+    ctx.args = (crule, list(outputs), list(rows), edges, implementation, reduction)
+
+
+def _no_gradient(values: list):
+    """The gradient of a list argument: a list of None where autograd sees its tensors (a list of tensors
+    only), else None (a list holding None is one opaque argument)."""
+    return [None] * len(values) if all(isinstance(v, Tensor) for v in values) else None
+
+
+def _replaced(tensors, slot, value):
+    result = list(tensors)
+    result[slot] = value
+    return result
+
+
+def _accumulate_grad(ctx, grads):
+    tensors, C, indices, offsets, orders = _restore(ctx)
+    crule, outputs, rows, edges, implementation, reduction = ctx.args
+    result = [None] * 4
+    dC = None
+    for j, g in zip(outputs, grads):
+        if g is None:
+            continue
+        inputs = _replaced(tensors, j, g)
+        targets = [s for s in range(4) if ctx.wanted[s] and s != j]
+        if targets:
+            parts = graph_accumulate(*inputs, C, indices, offsets, orders, crule, targets, rows, edges,
+                                     implementation, reduction)
+            for s, part in zip(targets, parts):
+                result[s] = part if result[s] is None else result[s] + part
+        if ctx.c_wanted:
+            part = graph_coefficient_sums(*inputs, indices, crule, edges, implementation)
+            dC = part if dC is None else dC + part
+    lists = tuple(_no_gradient(v) for v in (indices, offsets, orders))
+    return (*result, dC, *lists) + (None,) * 6
+
+
+graph_accumulate.register_autograd(_accumulate_grad, setup_context=_setup_accumulate)
+
+
+def _setup_sums(ctx, inputs, output):
+    X1, X2, W, T, indices, crule, edges, implementation = inputs
+    _save(ctx, (X1, X2, W, T), None, indices, [None] * 4, [None] * 4)
+    ctx.args = (crule, edges, implementation)
+
+
+def _sums_grad(ctx, grad):
+    tensors, _, indices, offsets, orders = _restore(ctx)
+    crule, edges, implementation = ctx.args
+    targets = [s for s in range(4) if ctx.wanted[s]]
+    result = [None] * 4
+    if targets:
+        rows = [t.shape[0] if t is not None else 0 for t in tensors]
+        parts = graph_accumulate(*tensors, grad, indices, offsets, orders, crule, targets, rows, edges,
+                                 implementation, SEGMENT)
+        for s, part in zip(targets, parts):
+            result[s] = part
+    return (*result, _no_gradient(indices)) + (None,) * 3
+
+
+graph_coefficient_sums.register_autograd(_sums_grad, setup_context=_setup_sums)

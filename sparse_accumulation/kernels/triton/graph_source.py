@@ -1,0 +1,250 @@
+"""Generation of the Triton source of graph kernels (plain Python: no triton import here).
+
+A graph kernel computes, for the edges ``e`` of a call and the channels ``b`` of a
+:class:`~sparse_accumulation.channel_rules.ChannelRule`, one or more outputs of the rule's slots (X1, X2, W,
+out): an output slot ``j`` receives, at its column of ``index_j[k]`` and channel ``b``, ``C[k]`` times the
+values of every other slot at theirs (``index`` the rule's arrays ``m1, m2, w, mu``). The forward is the output
+slot "out" from X1, X2 and W; the gradient of X1 is the output slot "X1" from the output gradient (in slot
+"out"), X2 and W; and so on. Each slot's rows are the edge's own (row ``e``) or gathered (row ``I[e]``).
+
+A program handles a ``[BLOCK_R, BLOCK_B]`` tile: ``BLOCK_R`` grid rows and every channel (``BLOCK_B`` the
+channel count rounded up to a power of two). Grid rows are
+
+* edges, when no output is reduced by segments: each output is written per edge (``"edge"``) or added
+  atomically at its row ``I[e]`` (``"atomic"``);
+* segments (``"segment"`` outputs): the rows of the output, each the sum over its edges, found through
+  offsets ``OFFSETS[r] .. OFFSETS[r + 1]`` into the edges in the order ``ORDER`` (the edges sorted by the
+  output's row index; absent when already sorted). A program loops over the edges of its rows in that fixed
+  order and writes each output row once: deterministic, no atomics. Outputs written per edge may ride along.
+
+Columns are loaded one at a time (component ``m`` of channel ``b`` at ``base[m] + b * step[m]`` of the row, a
+``[BLOCK_R, 1]`` load when every channel shares it), and every output column is summed in registers with the
+factored sums of :func:`.source.factored_sum`; an output column shared by the channels is summed over them.
+Gathered rows outside ``[0, N)`` read as zeros and atomics outside are dropped: no access leaves a tensor.
+Like :mod:`.source`, the code calls only triton builtins and local combine functions.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ...channel_rules import ONE, SLOTS
+from .source import Code, factored_sum, next_pow2
+
+#: output modes
+SEGMENT, EDGE, ATOMIC = "segment", "edge", "atomic"
+_INDEX_NAMES = ("m1", "m2", "w", "mu")
+
+
+class Spec(NamedTuple):
+    """What a generated graph kernel is made for (its identity, with the channel rule and the dtypes).
+
+    ``gathered``: per slot (X1, X2, W, out), whether its rows are gathered through an index array (for an
+    output in mode "atomic": the rows it adds to); ``outputs``: ``(slot, mode)`` pairs; ``ordered``: segment
+    edges are visited through ``ORDER``; ``idx64``: offsets need 64 bits; ``acc``: the accumulation dtype
+    (``"tl.float32"`` or ``"tl.float64"``)."""
+
+    gathered: tuple
+    outputs: tuple
+    ordered: bool
+    idx64: bool
+    acc: str
+
+    @property
+    def segmented(self) -> bool:
+        return any(mode == SEGMENT for _, mode in self.outputs)
+
+    @property
+    def output_slots(self) -> tuple:
+        return tuple(slot for slot, _ in self.outputs)
+
+
+def present_slots(crule) -> tuple:
+    """The slots of the rule: X1, X2, W (weighted rules only) and out."""
+    return tuple(s for s in range(4) if crule.maps[s] is not None)
+
+
+def operand_slots(crule, spec: Spec) -> tuple:
+    """The slots a kernel reads: those some output multiplies by (an output's factors are every other slot)."""
+    return tuple(s for s in present_slots(crule) if any(j != s for j in spec.output_slots))
+
+
+def index_slots(crule, spec: Spec) -> tuple:
+    """Slots whose index array is a kernel parameter: gathered operands and atomic outputs."""
+    atomic = {slot for slot, mode in spec.outputs if mode == ATOMIC}
+    return tuple(s for s in range(4) if spec.gathered[s] and (s in operand_slots(crule, spec) or s in atomic))
+
+
+def parameters(crule, spec: Spec) -> tuple:
+    """``(pointer names, int names)`` of the kernel, in order (then the constexpr ``BLOCK_R``).
+
+    Pointers: ``T<slot>`` per operand, ``I<slot>`` per index array, ``OFFSETS`` (and ``ORDER``) with segment
+    outputs, ``C``, ``D<slot>`` per output. Ints: ``R`` (grid rows), ``S<slot>`` (row stride) per operand,
+    ``SD<slot>`` per output, ``N<slot>`` (row count) per index array, ``R_BUCKET`` (the autotuning key)."""
+    operands = operand_slots(crule, spec)
+    indices = index_slots(crule, spec)
+    pointers = [f"T{s}" for s in operands] + [f"I{s}" for s in indices]
+    if spec.segmented:
+        pointers += ["OFFSETS"] + (["ORDER"] if spec.ordered else [])
+    pointers += ["C"] + [f"D{s}" for s in spec.output_slots]
+    ints = ["R"] + [f"S{s}" for s in operands] + [f"SD{s}" for s in spec.output_slots] + [f"N{s}" for s in indices]
+    return pointers, ints + ["R_BUCKET"]
+
+
+def _terms(crule, output_slot: int) -> dict:
+    """``{output component: [(k, ((slot, component), ...))]}``: the terms of an output slot, whose factors are
+    every other slot of the rule (components read as the constant 1 have no output)."""
+    rule = crule.rule
+    factor_slots = [s for s in present_slots(crule) if s != output_slot]
+    arrays = {s: getattr(rule, _INDEX_NAMES[s]) for s in present_slots(crule)}
+    groups = {}
+    for k in range(rule.nnz):
+        if crule.maps[output_slot].base[arrays[output_slot][k]] == ONE:
+            continue
+        factors = tuple((s, arrays[s][k]) for s in factor_slots)
+        groups.setdefault(arrays[output_slot][k], []).append((k, factors))
+    return groups
+
+
+def _emit_row_bases(code: Code, crule, spec: Spec, operands, edge: str, mask: str, cast: str) -> dict:
+    """Row pointers and masks of the operands for edge vector ``edge``; returns ``{slot: mask name}``."""
+    masks = {}
+    for s in operands:
+        if spec.gathered[s]:
+            code(f"r{s} = tl.load(I{s} + {edge}, mask={mask}, other=0){cast}")
+            code(f"m{s} = {mask} & (r{s} >= 0) & (r{s} < N{s})")
+            code(f"t{s} = T{s} + r{s} * S{s}")
+            masks[s] = f"m{s}"
+        else:
+            code(f"t{s} = T{s} + {edge}{cast} * S{s}")
+            masks[s] = mask
+    return masks
+
+
+class Column(NamedTuple):
+    """A loaded operand column: the expression that names it, and whether every channel shares it (a
+    ``[BLOCK_R, 1]`` value or the constant 1, else ``[BLOCK_R, BLOCK_B]``)."""
+
+    name: str
+    shared: bool
+
+
+def _emit_loads(code: Code, crule, terms_by_output, masks, acc: str) -> dict:
+    """Load every column some output needs; returns ``{(slot, component): Column}``."""
+    needed = sorted({f for groups in terms_by_output for terms in groups.values() for _, fs in terms for f in fs})
+    columns = {}
+    for s, m in needed:
+        column_map = crule.maps[s]
+        base, step = column_map.base[m], column_map.step[m]
+        var = f"v{s}_{m}"
+        if base == ONE:
+            columns[(s, m)] = Column("one", True)
+        elif step == 0:
+            code(f"{var} = tl.load(t{s} + {base}, mask={masks[s]}, other=0.0).to({acc})")
+            columns[(s, m)] = Column(f"{var}[:, None]", True)
+        else:
+            code(f"{var} = tl.load(t{s}[:, None] + ({base} + ch * {step}), mask={masks[s]}[:, None] & cmask, "
+                 f"other=0.0).to({acc})")
+            columns[(s, m)] = Column(var, False)
+    return columns
+
+
+def _sum_expression(terms, columns, acc: str, full: bool) -> str:
+    """The sum of an output column's terms; ``full``: as a ``[BLOCK_R, BLOCK_B]`` tile even where every
+    factor is shared by the channels (a ``[BLOCK_R, 1]`` value otherwise)."""
+    named = [(k, tuple(columns[f].name for f in factors)) for k, factors in terms]
+    expression = factored_sum(named, acc)
+    shared = all(columns[f].shared for _, factors in terms for f in factors)
+    return f"({expression}) + zero" if full and shared else expression
+
+
+def _emit_store(code: Code, target: str, value: str, step: int, base: int, mask: str, out_ty: str,
+                atomic: bool, padded: bool) -> None:
+    """Store (or atomically add) a ``[BLOCK_R, BLOCK_B]`` column value; a shared output column (step 0) gets
+    its sum over the channels."""
+    if step == 0:
+        value = f"tl.where(cmask, {value}, 0.0)" if padded else value
+        value = f"tl.reduce({value}, 1, _add)"
+        address, full_mask = f"{target} + {base}", mask
+    else:
+        address, full_mask = f"{target}[:, None] + ({base} + ch * {step})", f"{mask}[:, None] & cmask"
+    if atomic:
+        code(f"tl.atomic_add({address}, ({value}).to({out_ty}), mask={full_mask})")
+    else:
+        code(f"tl.store({address}, ({value}).to({out_ty}), mask={full_mask})")
+
+
+def kernel_source(name: str, crule, spec: Spec) -> tuple:
+    """``(source, pointer names, int names)`` of the graph kernel ``name`` for ``crule`` and ``spec``."""
+    operands = operand_slots(crule, spec)
+    pointers, ints = parameters(crule, spec)
+    B = crule.channels
+    BB = next_pow2(B)
+    acc = spec.acc
+    cast = ".to(tl.int64)" if spec.idx64 else ""
+    groups = {slot: _terms(crule, slot) for slot in spec.output_slots}
+
+    code = Code()
+    code.lines = ["import triton", "import triton.language as tl", "", "", "@triton.jit", "def _add(a, b):",
+                  "    return a + b", "", "", "@triton.jit", "def _max(a, b):", "    return tl.maximum(a, b)",
+                  "", ""]
+    slots = ", ".join(f"{SLOTS[s]}:{mode}" for s, mode in spec.outputs)
+    code(f"# graph kernel of a channel rule with nnz={crule.rule.nnz}, {B} channels; outputs {slots}; "
+         f"gathered {spec.gathered}", 0)
+    code(f"def {name}({', '.join(pointers + ints)}, BLOCK_R: tl.constexpr):", 0)
+    code("pid = tl.program_id(0)")
+    code(f"rows = pid{cast} * BLOCK_R + tl.arange(0, BLOCK_R)")
+    code("rmask = rows < R")
+    code(f"ch = tl.arange(0, {BB})[None, :]")
+    code(f"cmask = ch < {B}")
+    code(f"zero = tl.full([BLOCK_R, {BB}], 0, dtype={acc})")
+    code("one = 1.0")
+
+    def emit_edge_body(body: Code, edge: str, mask: str) -> None:
+        masks = _emit_row_bases(body, crule, spec, operands, edge, mask, cast)
+        columns = _emit_loads(body, crule, [groups[s] for s in spec.output_slots], masks, acc)
+        for slot, mode in spec.outputs:
+            out_map = crule.maps[slot]
+            out_ty = f"D{slot}.dtype.element_ty"
+            if mode == SEGMENT:
+                for m, terms in sorted(groups[slot].items()):
+                    body(f"a{slot}_{m} += {_sum_expression(terms, columns, acc, False)}")
+                continue
+            if mode == EDGE:
+                body(f"d{slot} = D{slot} + {edge}{cast} * SD{slot}")
+                out_mask = mask
+            else:
+                body(f"o{slot} = tl.load(I{slot} + {edge}, mask={mask}, other=-1){cast}")
+                body(f"d{slot} = D{slot} + o{slot} * SD{slot}")
+                body(f"w{slot} = {mask} & (o{slot} >= 0) & (o{slot} < N{slot})")
+                out_mask = f"w{slot}"
+            for m, terms in sorted(groups[slot].items()):
+                _emit_store(body, f"d{slot}", _sum_expression(terms, columns, acc, True), out_map.step[m],
+                            out_map.base[m], out_mask, out_ty, mode == ATOMIC, BB != B)
+
+    if not spec.segmented:
+        emit_edge_body(code, "rows", "rmask")
+        return code.text(), pointers, ints
+
+    code("start = tl.load(OFFSETS + rows, mask=rmask, other=0)")
+    code("count = tl.load(OFFSETS + rows + 1, mask=rmask, other=0) - start")
+    code("steps = tl.reduce(count, 0, _max)")
+    segment_slots = [slot for slot, mode in spec.outputs if mode == SEGMENT]
+    for slot in segment_slots:
+        for m in sorted(groups[slot]):
+            code(f"a{slot}_{m} = zero")
+    code("for t in range(0, steps):")
+    body = Code(base=2)
+    body("emask = rmask & (t < count)")
+    if spec.ordered:
+        body(f"edge = tl.load(ORDER + start + t, mask=emask, other=0){cast}")
+    else:
+        body(f"edge = (start + t){cast}")
+    emit_edge_body(body, "edge", "emask")
+    code.extend(body)
+    for slot in segment_slots:
+        out_map = crule.maps[slot]
+        code(f"d{slot} = D{slot} + rows * SD{slot}")
+        for m in sorted(groups[slot]):
+            _emit_store(code, f"d{slot}", f"a{slot}_{m}", out_map.step[m], out_map.base[m], "rmask",
+                        f"D{slot}.dtype.element_ty", False, BB != B)
+    return code.text(), pointers, ints

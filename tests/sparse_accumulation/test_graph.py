@@ -1,0 +1,161 @@
+"""Message passing (``accumulate_rule`` with row indices, :mod:`sparse_accumulation.graph`) on the CPU kernels
+(numba, torch) against an independent float64 reference: gathered rows, summed rows, gradients to second
+order, edge cases and bad input."""
+import pytest
+import torch
+
+import sparse_accumulation as sa
+from sparse_accumulation.graph import Index, accumulate_graph
+from graph_helpers import random_graph, reference, weighted_rule
+
+IMPLEMENTATIONS = ("numba", "torch")
+TOLERANCES = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+def _call(X1, X2, W, C, rule, indices, size_out, implementation, reduction=None):
+    return sa.accumulate_rule(X1, X2, rule, C, W, indices_1=indices[0], indices_2=indices[1],
+                              indices_w=indices[2], indices_out=indices[3], size_out=size_out,
+                              implementation=implementation, reduction=reduction)
+
+
+def _relative(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30)).item()
+
+
+def _case(generator, dtype, channels, pattern, sorted_dst, nodes=7, edges=40):
+    """Operands and indices of a random message-passing call: ``pattern`` says which operands are gathered
+    (``1``: X1, ``2``: X2, ``w``: W, ``o``: the output summed by destination)."""
+    rule, C = weighted_rule()
+    src, dst = random_graph(generator, nodes, edges, sorted_dst)
+    other = torch.randint(0, 3, (edges,), generator=generator)
+    rows = {"1": nodes, "2": 3, "w": 4}
+    shapes = {"1": (channels, 5), "2": (1, 3), "w": (channels, 3)}
+
+    def operand(key):
+        n = rows[key] if key in pattern else edges
+        return torch.randn(n, *shapes[key], generator=generator, dtype=torch.float64).to(dtype)
+
+    X1, X2, W = operand("1"), operand("2"), operand("w")
+    indices = (src if "1" in pattern else None, other if "2" in pattern else None,
+               torch.randint(0, 4, (edges,), generator=generator) if "w" in pattern else None,
+               dst if "o" in pattern else None)
+    return X1, X2, W, C.to(dtype), rule, indices, nodes if "o" in pattern else None
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("pattern,sorted_dst", [("1o", False), ("1o", True), ("12wo", False), ("o", False),
+                                                ("1", False), ("2w", False)])
+def test_values_and_gradients_match_the_reference(generator, implementation, pattern, sorted_dst):
+    X1, X2, W, C, rule, indices, size_out = _case(generator, torch.float64, 4, pattern, sorted_dst)
+    inputs = [t.clone().requires_grad_() for t in (X1, X2, W, C)]
+    ours = _call(*inputs[:3], inputs[3], rule, indices, size_out, implementation)
+    theirs = reference(X1.requires_grad_(), X2.requires_grad_(), W.requires_grad_(), C.requires_grad_(), rule,
+                       indices, size_out)
+    assert ours.shape == theirs.shape
+    assert _relative(ours, theirs) < 1e-12
+    G = torch.randn(ours.shape, generator=generator, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(ours, inputs, G), torch.autograd.grad(theirs, (X1, X2, W, C), G)):
+        assert _relative(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_gradcheck_and_gradgradcheck(generator, implementation):
+    X1, X2, W, C, rule, indices, size_out = _case(generator, torch.float64, 2, "1o", False, nodes=4, edges=9)
+    inputs = tuple(t.requires_grad_() for t in (X1, X2, W, C))
+
+    def f(a, b, w, c):
+        return _call(a, b, w, c, rule, indices, size_out, implementation)
+
+    assert torch.autograd.gradcheck(f, inputs)
+    assert torch.autograd.gradgradcheck(f, inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_other_dtypes(generator, dtype):
+    X1, X2, W, C, rule, indices, size_out = _case(generator, dtype, 4, "1o", False)
+    ours = _call(X1, X2, W, C, rule, indices, size_out, "numba")
+    assert ours.dtype == dtype
+    assert _relative(ours, reference(X1, X2, W, C, rule, indices, size_out)) < TOLERANCES[dtype]
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_empty_repeated_and_missing_rows(generator, implementation):
+    rule, C = weighted_rule()
+    X1 = torch.randn(6, 2, 5, generator=generator, dtype=torch.float64)
+    W = torch.randn(5, 2, 3, generator=generator, dtype=torch.float64)
+    X2 = torch.randn(5, 1, 3, generator=generator, dtype=torch.float64)
+    src = torch.tensor([3, 3, 3, 0, 5])
+    dst = torch.tensor([2, 2, 4, 2, 0])  # rows 1, 3, 5 receive nothing; edges repeat
+    indices = (src, None, None, dst)
+    ours = _call(X1, X2, W, C, rule, indices, 6, implementation)
+    assert _relative(ours, reference(X1, X2, W, C, rule, indices, 6)) < 1e-12
+    assert (ours[[1, 3, 5]] == 0).all()
+    empty = torch.zeros(0, dtype=torch.int64)
+    none = _call(X1, X2[:0], W[:0], C, rule, (empty, None, None, empty), 6, implementation)
+    assert none.shape == (6, 2, 5) and (none == 0).all()
+
+
+def test_results_are_bitwise_reproducible(generator):
+    X1, X2, W, C, rule, indices, size_out = _case(generator, torch.float32, 8, "1o", False, nodes=50, edges=3000)
+    first = _call(X1, X2, W, C, rule, indices, size_out, "numba")
+    assert torch.equal(first, _call(X1, X2, W, C, rule, indices, size_out, "numba"))
+
+
+def test_atomic_reduction_gives_the_same_sums_on_the_cpu(generator):
+    X1, X2, W, C, rule, indices, size_out = _case(generator, torch.float64, 4, "1o", False)
+    segment = _call(X1, X2, W, C, rule, indices, size_out, "numba")
+    assert torch.equal(segment, _call(X1, X2, W, C, rule, indices, size_out, "numba", reduction="atomic"))
+
+
+def test_prepared_index_objects(generator):
+    X1, X2, W, C, rule, (src, _, _, dst), size_out = _case(generator, torch.float64, 4, "1o", False)
+    prepared = (Index(src, 7), None, None, Index(dst, 7))
+    assert not prepared[3].sorted
+    assert Index(dst.sort().values, 7).sorted
+    offsets, order = prepared[3].segments()
+    assert torch.equal(dst[order], dst.sort(stable=True).values)
+    assert torch.equal(offsets, torch.searchsorted(dst.sort().values, torch.arange(8)))
+    ours = _call(X1, X2, W, C, rule, prepared, size_out, "numba")
+    assert torch.equal(ours, _call(X1, X2, W, C, rule, (src, None, None, dst), size_out, "numba"))
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ({"indices_1": "high"}, IndexError, "indices_1 contains row 7"),
+    ({"indices_out": "negative"}, IndexError, "indices_out contains a negative"),
+    ({"indices_1": "float"}, TypeError, "indices_1 must have an integer dtype"),
+    ({"indices_1": "short"}, ValueError, "indices_out has 40 entries but indices_1 has 39"),
+    ({"indices_1": "2d"}, ValueError, "must be 1-D"),
+    ({"size_out": None}, ValueError, "size_out is required"),
+    ({"reduction": "sum"}, ValueError, "reduction must be one of"),
+])
+def test_bad_input_raises_a_clear_error(generator, bad, error, match):
+    X1, X2, W, C, rule, (src, _, _, dst), _ = _case(generator, torch.float64, 4, "1o", False)
+    forms = {"high": src.clone().fill_(7), "negative": dst.clone().fill_(-1), "float": src.double(),
+             "short": src[:-1], "2d": src[:, None]}
+    kwargs = {"indices_1": src, "indices_out": dst, "size_out": 7}
+    for key, value in bad.items():
+        kwargs[key] = forms.get(value, value)
+    with pytest.raises(error, match=match):
+        sa.accumulate_rule(X1, X2, rule, C, W, implementation="numba", **kwargs)
+
+
+def test_operand_rows_must_match_the_edges(generator):
+    X1, X2, W, C, rule, (src, _, _, dst), _ = _case(generator, torch.float64, 4, "1o", False)
+    with pytest.raises(ValueError, match="W has 39 rows but there are 40 edges"):
+        sa.accumulate_rule(X1, X2, rule, C, W[:-1], indices_1=src, indices_out=dst, size_out=7)
+    with pytest.raises(ValueError, match="needs a row dimension"):
+        sa.accumulate_rule(X1[0, 0], X2[0, 0], rule, C, W[0, 0], indices_out=dst, size_out=7)
+
+
+def test_channel_rule_api_errors():
+    rule, C = weighted_rule()
+    crule = sa.ChannelRule.regular(rule, 4, (4, 1, 4, 4))
+    X1, X2, W = torch.randn(3, 20), torch.randn(5, 3), torch.randn(5, 12)
+    with pytest.raises(ValueError, match="X1 must be \\[rows, 20\\]"):
+        accumulate_graph(crule, X1[:, :19], X2, C.float(), W, indices_1=torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="W is required"):
+        accumulate_graph(crule, X1, X2, C.float(), None, indices_1=torch.zeros(5, dtype=torch.long))
+    with pytest.raises(TypeError, match="C must have the dtype"):
+        accumulate_graph(crule, X1, X2, C, W, indices_1=torch.zeros(5, dtype=torch.long))
+    with pytest.raises(ValueError, match="one row per edge \\(5\\), got size_out=4"):
+        accumulate_graph(crule, X1, X2, C.float(), W, indices_1=torch.zeros(5, dtype=torch.long), size_out=4)

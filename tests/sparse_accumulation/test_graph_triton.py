@@ -1,0 +1,120 @@
+"""Triton graph kernels (``sparse_accumulation.kernels.triton_graph``) against the plain torch graph kernels
+and an independent float64 reference; interpreted on the CPU without a GPU (``interpreted.py``), the larger
+tests marked ``cuda`` only on a GPU (``pytest -m cuda``)."""
+import interpreted
+
+interpreted.enable()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+import sparse_accumulation as sa  # noqa: E402
+from sparse_accumulation.channel_rules import ONE, ChannelRule, ColumnMap, contiguous_map  # noqa: E402
+from sparse_accumulation.graph_ops import segments  # noqa: E402
+from sparse_accumulation.kernels import graph as torch_graph  # noqa: E402
+from sparse_accumulation.kernels import triton_graph  # noqa: E402
+from graph_helpers import random_graph, reference, weighted_rule  # noqa: E402
+
+interpreted.restore()
+_interpreter = interpreted.module_fixture()
+DEVICE = interpreted.DEVICE
+
+
+def _rand(generator, *shape, dtype=torch.float64):
+    return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype).to(DEVICE)
+
+
+def _crule(channels):
+    """A weighted CG rule on ``channels`` channels: X1 and W per channel, X2 shared, W with a constant column."""
+    rule, C = weighted_rule(weight_size=4)
+    step = 3 if channels > 1 else 0
+    w_map = ColumnMap((0, 1, 2, ONE), (step, step, step, 0), 3 * channels)
+    maps = (contiguous_map(5, channels), contiguous_map(3, 1), w_map, contiguous_map(5, channels))
+    return ChannelRule(rule, channels, maps), C
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+@pytest.mark.parametrize("mode", ["segment", "segment-sorted", "atomic", "edge"])
+def test_forward_matches_the_torch_kernels(generator, channels, mode):
+    crule, C = _crule(channels)
+    nodes, edges = 6, 37
+    src, dst = random_graph(generator, nodes, edges, sorted_dst=mode == "segment-sorted")
+    src[0] = nodes + 3  # a gathered row out of range reads as zeros
+    X1 = _rand(generator, nodes, crule.maps[0].width)
+    X2 = _rand(generator, edges, 3)
+    W = _rand(generator, edges, crule.maps[2].width)
+    C = C.to(DEVICE)
+    src, dst = src.to(DEVICE), dst.to(DEVICE)
+    out_index = None if mode == "edge" else dst
+    rows = edges if mode == "edge" else nodes
+    kind = "edge" if mode == "edge" else "atomic" if mode == "atomic" else "segment"
+    seg = None
+    if kind == "segment":
+        seg = segments(dst, nodes) if mode == "segment" else (segments(dst, nodes)[0], None)
+    args = ((X1, X2, W, None), (src, None, None, out_index), ((3, kind, rows),), C)
+    ours = triton_graph.run(crule, *args, edges=edges, segments=seg)[0]
+    theirs = torch_graph.run(crule, *args, edges=edges)[0]
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_fused_gradients_match_the_torch_kernels(generator, channels):
+    """The backward of message passing in one kernel: dX1 summed by source, dX2 (shared: summed over the
+    channels) and dW per edge."""
+    crule, C = _crule(channels)
+    nodes, edges = 5, 29
+    src, dst = (t.to(DEVICE) for t in random_graph(generator, nodes, edges))
+    X1, X2 = _rand(generator, nodes, crule.maps[0].width), _rand(generator, edges, 3)
+    W, G = _rand(generator, edges, crule.maps[2].width), _rand(generator, nodes, crule.maps[3].width)
+    args = ((X1, X2, W, G), (src, None, None, dst), ((0, "segment", nodes), (1, "edge", edges), (2, "edge", edges)),
+            C.to(DEVICE))
+    ours = triton_graph.run(crule, *args, edges=edges, segments=segments(src, nodes))
+    theirs = torch_graph.run(crule, *args, edges=edges)
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_public_api_on_triton(generator, dtype):
+    rule, C = weighted_rule()
+    nodes, edges = 6, 23
+    src, dst = (t.to(DEVICE) for t in random_graph(generator, nodes, edges))
+    X1, X2, W = (_rand(generator, *shape, dtype=dtype).requires_grad_()
+                 for shape in ((nodes, 4, 5), (edges, 1, 3), (edges, 4, 3)))
+    C = C.to(dtype).to(DEVICE)
+    ours = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes,
+                              implementation="triton")
+    theirs = reference(X1, X2, W, C, rule, (src, None, None, dst), nodes)
+    assert ours.dtype == dtype
+    tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-2}[dtype]
+    G = torch.randn(ours.shape, dtype=torch.float64, generator=generator).to(DEVICE)
+    pairs = [(ours, theirs)] + list(zip(torch.autograd.grad(ours, (X1, X2, W), G.to(dtype)),
+                                        torch.autograd.grad(theirs, (X1, X2, W), G)))
+    for a, b in pairs:
+        assert ((a.double() - b.double()).abs().max() / b.double().abs().max()).item() < tolerance
+
+
+@interpreted.cuda
+@pytest.mark.cuda
+def test_large_graph_on_cuda_matches_the_reference(generator):
+    rule, C = weighted_rule()
+    nodes, edges = 3000, 100_000
+    src, dst = (t.to(DEVICE) for t in random_graph(generator, nodes, edges))
+    X1 = _rand(generator, nodes, 32, 5).requires_grad_()
+    X2 = _rand(generator, edges, 1, 3).requires_grad_()
+    W = _rand(generator, edges, 32, 3).requires_grad_()
+    C = C.to(DEVICE)
+    for reduction in ("segment", "atomic"):
+        ours = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes,
+                                  reduction=reduction)
+        theirs = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes,
+                                    implementation="torch")
+        assert torch.allclose(ours, theirs, rtol=1e-10, atol=1e-10)
+        G = torch.randn_like(ours)
+        for a, b in zip(torch.autograd.grad(ours, (X1, X2, W), G), torch.autograd.grad(theirs, (X1, X2, W), G)):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+    first = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes)
+    assert torch.equal(first, sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst,
+                                                 size_out=nodes))
