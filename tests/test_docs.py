@@ -18,7 +18,9 @@ DOCS = ROOT / "docs"
 EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementations.rst", marks=pytest.mark.slow),
                   "benchmarks.rst",
                   pytest.param("coming_from_e3nn.rst", marks=pytest.mark.skipif(
-                      importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn"))]
+                      importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
+                  pytest.param("hippynn.rst", marks=pytest.mark.skipif(
+                      importlib.util.find_spec("hippynn") is None, reason="the page's last example needs hippynn"))]
 
 
 def python_blocks(path: Path) -> list:
