@@ -11,15 +11,17 @@ in hippynn's order; ``env`` uniform random) and each case:
 * ``double backward``: ``env = envsum(s, z)``, ``dz = grad(env, z, G, create_graph=True)``, then
   ``grad(<dz, H>, s)`` (the path forces take through the layer),
 
-it times ``sparse_accumulation`` (indices cached between calls, as in a forward and its backward) and, as
-``sparse_accumulation, new indices``, the same with index tensors made afresh for every call (sorting them
-included), against every hippynn implementation that runs here: ``pytorch`` (hippynn's torch.compile'd
-formulas), ``numba`` and, on CUDA, ``triton``; one that fails is reported with its error. Times are medians of
+it times ``sparse_accumulation`` (indices cached between calls, as in a forward and its backward), as
+``sparse_accumulation, new indices`` the same with index tensors made afresh for every call (sorting them
+included), on CUDA as ``sparse_accumulation, atomic featsum`` with the Triton featsum that adds atomically
+(``hippynn_triton.FEATSUM = "atomic"``), against every hippynn implementation that runs here: ``pytorch``
+(hippynn's torch.compile'd formulas), ``numba`` and, on CUDA, ``triton``; one that fails is reported with its
+error. Times are medians of
 single synchronised calls (CUDA events on CUDA); ``peak MB`` is the most memory the call held beyond what was
-allocated before it, outputs included (CUDA: the caching allocator's peak; CPU: the growth of the process's peak
-resident memory, reset through ``/proc/self/clear_refs``, with glibc told to map large blocks afresh and the
-library's kept output buffers released; measured after all timings), beside ``in+out MB``, the inputs and
-outputs.
+allocated before it, outputs included, measured in a second subprocess after the timings (CUDA: the caching
+allocator's peak; CPU: the growth of the process's peak resident memory, reset through ``/proc/self/clear_refs``,
+with glibc told to map every block from 64 KiB afresh and the library's kept output buffers released; -1 where
+unknown), beside ``in+out MB``, the inputs and outputs.
 
 First, every implementation is checked against the float64 gather formulas (computed in bounded chunks);
 ``max rel err`` is its largest deviation over the largest reference value, and if one of ours exceeds
@@ -30,6 +32,7 @@ size run again without it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +54,7 @@ SIZES = ("medium", "large", "mega")
 CASES = ("envsum", "sensesum", "featsum", "envsum fwd+bwd", "double backward")
 OURS = "sparse_accumulation"
 FRESH = "sparse_accumulation, new indices"
+ATOMIC = "sparse_accumulation, atomic featsum"  # CUDA: featsum by pair_first with atomic adds
 #: largest relative error of our float32 results against the float64 formulas
 TOLERANCE = 1e-5
 REPEATS = {"cpu": {"medium": 10, "large": 5, "mega": 3}, "cuda": {"medium": 50, "large": 30, "mega": 20}}
@@ -80,7 +84,7 @@ def _data(size: str, device):
 
 def _functions(name: str):
     """``(envsum, sensesum, featsum)`` of an implementation: ours or hippynn's ``name``."""
-    if name in (OURS, FRESH):
+    if name in (OURS, FRESH, ATOMIC):
         return sa.envsum, sa.sensesum, sa.featsum
     custom_kernels, _ = _hippynn()
     kernels = custom_kernels.MessagePassingKernels.get_implementation(name)
@@ -154,27 +158,21 @@ def _resident_bytes(field: str) -> int:
     return 0
 
 
-def _fresh_host_memory() -> bool:
-    """Make every large CPU allocation from here on take fresh pages (glibc: blocks from 64 KiB are mapped and
-    unmapped one by one, freed memory is given back), and forget the library's kept output buffers, so that the
-    resident size grows by what a call allocates. False where that cannot be arranged."""
+def _map_large_blocks_afresh() -> bool:
+    """Have glibc map every block from 64 KiB afresh and unmap it when freed, so that the resident size grows by
+    what a call allocates (called first thing in a memory worker). False where that cannot be arranged."""
     import ctypes
 
     try:
         libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 0)  # M_TRIM_THRESHOLD
-        libc.malloc_trim(0)
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")  # resets the peak resident size
+        return bool(libc.mallopt(-3, 1 << 16)) and bool(libc.mallopt(-1, 0))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         return False
-    sa.kernels.buffers.release()
-    return True
 
 
 def _peak_bytes(prepare, run, device) -> int:
     """The most memory one call held beyond what was allocated before it (outputs included); -1 if unknown."""
+    sa.kernels.buffers.release()  # our outputs come from kept buffers: count them as new
     args = prepare()
     timing.synchronize(device)
     if device.type == "cuda":
@@ -184,7 +182,10 @@ def _peak_bytes(prepare, run, device) -> int:
         timing.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - before
     else:
-        if not _fresh_host_memory():
+        try:
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")  # resets the peak resident size
+        except OSError:
             return -1
         before = _resident_bytes("VmRSS")
         result = run(args)
@@ -200,36 +201,71 @@ def _in_out_bytes(case: str, data) -> int:
     return sum(t.numel() * t.element_size() for t in size + (first, second))
 
 
+@contextlib.contextmanager
+def _variant(name: str):
+    """The kernels' settings of implementation ``name`` while it runs."""
+    if name != ATOMIC:
+        yield
+        return
+    from sparse_accumulation.kernels import hippynn_triton
+
+    previous, hippynn_triton.FEATSUM = hippynn_triton.FEATSUM, "atomic"
+    try:
+        yield
+    finally:
+        hippynn_triton.FEATSUM = previous
+
+
 def run_size(size: str, device, names: list, repeats: int) -> list:
-    """Records (dicts) of every implementation and case at one size."""
+    """Records (dicts) of every implementation and case at one size: checked, then timed."""
     data = _data(size, device)
     references = _references(data)
     records = []
     for name in names:
-        try:
-            errors = _check(name, data, references)
-        except Exception as error:  # an implementation that does not run here is reported, not timed
-            records.append({"size": size, "implementation": name, "case": "all", "error": repr(error)[:200]})
-            continue
-        steps = _steps(name, data)
-        for case in CASES:
-            prepare, run = steps[case]
-            for _ in range(2):  # warm-up: compilation, caches, kept buffers
-                run(prepare())
-            samples = [timing.elapsed_ms(lambda args=prepare(): run(args), device) for _ in range(repeats)]
-            records.append({"size": size, "implementation": name, "case": case,
-                            "median_ms": statistics.median(samples), "samples": len(samples),
-                            "in_out_mb": _in_out_bytes(case, data) / 2**20, "max_rel_err": errors.get(case)})
-    for record in records:  # memory last: on the CPU it changes how memory is allocated
-        if "median_ms" in record:
-            prepare, run = _steps(record["implementation"], data)[record["case"]]
-            _peak_bytes(prepare, run, device)  # the first call after the allocator's change pays for it
-            record["peak_mb"] = _peak_bytes(prepare, run, device) / 2**20
+        with _variant(name):
+            records += _run_implementation(name, size, device, data, references, repeats)
+    return records
+
+
+def peaks_of_size(size: str, device, names: list) -> list:
+    """``(implementation, case, peak MB)`` of every implementation and case that runs at one size."""
+    data = _data(size, device)
+    peaks = []
+    for name in names:
+        with _variant(name):
+            steps = _steps(name, data)
+            for case in CASES:
+                prepare, run = steps[case]
+                try:
+                    for _ in range(2):  # warm-up
+                        run(prepare())
+                except Exception:  # reported by the timing run
+                    break
+                peaks.append((name, case, _peak_bytes(prepare, run, device) / 2**20))
+    return peaks
+
+
+def _run_implementation(name: str, size: str, device, data, references, repeats: int) -> list:
+    """Records of one implementation: checked, then timed case by case (an error is reported, not timed)."""
+    try:
+        errors = _check(name, data, references)
+    except Exception as error:
+        return [{"size": size, "implementation": name, "case": "all", "error": repr(error)[:200]}]
+    records = []
+    steps = _steps(name, data)
+    for case in CASES:
+        prepare, run = steps[case]
+        for _ in range(2):  # warm-up: compilation, caches, kept buffers
+            run(prepare())
+        samples = [timing.elapsed_ms(lambda args=prepare(): run(args), device) for _ in range(repeats)]
+        records.append({"size": size, "implementation": name, "case": case,
+                        "median_ms": statistics.median(samples), "samples": len(samples),
+                        "in_out_mb": _in_out_bytes(case, data) / 2**20, "max_rel_err": errors.get(case)})
     return records
 
 
 def _implementations(device, include_triton: bool = True) -> list:
-    names = [OURS, FRESH, "pytorch", "numba"]
+    names = [OURS, FRESH] + ([ATOMIC] if device.type == "cuda" else []) + ["pytorch", "numba"]
     if device.type == "cuda" and include_triton:
         names.append("triton")
     return names
@@ -237,28 +273,52 @@ def _implementations(device, include_triton: bool = True) -> list:
 
 def _worker(args) -> None:
     device = torch.device(args.device)
-    records = []
-    for size in args.sizes:
-        repeats = args.repeats or REPEATS[device.type][size]
-        records += run_size(size, device, args.implementations, repeats)
+    if args.worker == "memory":
+        results = peaks_of_size(args.sizes[0], device, args.implementations)
+    else:
+        size = args.sizes[0]
+        results = run_size(size, device, args.implementations, args.repeats or REPEATS[device.type][size])
     with open(args.output, "w") as out:
-        json.dump(records, out)
+        json.dump(results, out)
 
 
-def _run_worker(size: str, args, names: list) -> tuple:
-    """Records of ``size`` from a subprocess, and its error output when it failed."""
+def _run_worker(mode: str, size: str, args, names: list) -> tuple:
+    """The results of a ``mode`` ("time" or "memory") worker subprocess at ``size``, and its error output when
+    it failed."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as handle:
         path = handle.name
-    command = [sys.executable, os.path.abspath(__file__), "--worker", "--device", args.device, "--sizes", size,
+    command = [sys.executable, os.path.abspath(__file__), "--worker", mode, "--device", args.device, "--sizes", size,
                "--output", path, "--implementations", *names] + (["--repeats", str(args.repeats)] if args.repeats else [])
     result = subprocess.run(command, capture_output=True, text=True)
     try:
         if result.returncode == 0:
-            with open(path) as records:
-                return json.load(records), ""
+            with open(path) as results:
+                return json.load(results), ""
         return None, (result.stderr or result.stdout)[-2000:]
     finally:
         os.unlink(path)
+
+
+def _measure_size(size: str, args, device) -> tuple:
+    """Timed and checked records of ``size`` with their peak memory, or ``(None, error output)``."""
+    names = _implementations(device)
+    found, failure = _run_worker("time", size, args, names)
+    if found is None and "triton" in names:  # run again without hippynn's Triton kernels
+        names = _implementations(device, include_triton=False)
+        found, second = _run_worker("time", size, args, names)
+        if found is None:
+            return None, second
+        found.append({"size": size, "implementation": "triton", "case": "all",
+                      "error": "crashed the process: " + failure.strip().splitlines()[-1][:150]})
+    if found is None:
+        return None, failure
+    peaks, failure = _run_worker("memory", size, args, [n for n in names if n != FRESH])
+    peaks = {(name, case): peak for name, case, peak in peaks or []}
+    for record in found:
+        if "median_ms" in record:
+            implementation = OURS if record["implementation"] == FRESH else record["implementation"]
+            record["peak_mb"] = peaks.get((implementation, record["case"]), -1.0)
+    return found, ""
 
 
 def format_table(records: list) -> str:
@@ -267,7 +327,7 @@ def format_table(records: list) -> str:
     rows = [header]
     best = {}
     for r in records:
-        if "median_ms" in r and r["implementation"] not in (OURS, FRESH):
+        if "median_ms" in r and r["implementation"] not in (OURS, FRESH, ATOMIC):
             key = (r["size"], r["case"])
             best[key] = min(best.get(key, float("inf")), r["median_ms"])
     for r in records:
@@ -306,36 +366,30 @@ def main(argv=None) -> int:
                         help="hippynn's test sizes (default: medium large on the CPU, all three on CUDA)")
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per case (default: by size)")
     parser.add_argument("--implementations", nargs="+", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.sizes is None:
         args.sizes = list(SIZES) if device.type == "cuda" else ["medium", "large"]
     if args.worker:
+        if args.worker == "memory" and device.type == "cpu" and not _map_large_blocks_afresh():
+            print("cannot measure CPU memory here (glibc's mallopt)", file=sys.stderr)
         _worker(args)
         return 0
     print(describe(device), flush=True)
     records = []
     for size in args.sizes:
-        names = _implementations(device)
-        found, failure = _run_worker(size, args, names)
-        if found is None and "triton" in names:  # run again without hippynn's Triton kernels
-            names = _implementations(device, include_triton=False)
-            found, second = _run_worker(size, args, names)
-            if found is not None:
-                found.append({"size": size, "implementation": "triton", "case": "all",
-                              "error": "crashed the process: " + failure.strip().splitlines()[-1][:150]})
-            failure = second if found is None else failure
+        found, failure = _measure_size(size, args, device)
         if found is None:
             print(f"{size}: the run failed:\n{failure}", file=sys.stderr)
             return 1
         records += found
         print(f"{size} done", file=sys.stderr, flush=True)
     print(format_table(records))
-    ours = [r for r in records if r["implementation"] in (OURS, FRESH) and "max_rel_err" in r]
+    ours = [r for r in records if r["implementation"] in (OURS, FRESH, ATOMIC) and "max_rel_err" in r]
     bad = [r for r in ours if r["max_rel_err"] is not None and r["max_rel_err"] > TOLERANCE]
-    errors = [r for r in records if r["implementation"] in (OURS, FRESH) and "error" in r]
+    errors = [r for r in records if r["implementation"] in (OURS, FRESH, ATOMIC) and "error" in r]
     if bad or errors:
         print(f"FAILED: {len(bad) + len(errors)} results of ours are wrong or failed", file=sys.stderr)
         return 1

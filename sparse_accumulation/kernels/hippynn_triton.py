@@ -11,7 +11,9 @@ results reproducible run to run.
   a ``[P, feat] x [feat, nu]`` product per block of pairs, written to the pairs' own rows;
 * ``featsum``: per atom ``b`` (segments by ``pair_second``), ``feat[b] = sum over the pairs and nu of
   sense[p, nu] * env[pair_first[p], nu]``: rows of env gathered ``BLOCK_P * BLOCK_NU`` at a time, multiplied and
-  accumulated elementwise, reduced once at the end.
+  accumulated elementwise, reduced once at the end. With :data:`FEATSUM` ``= "atomic"`` instead per atom ``a``
+  (segments by ``pair_first``) ``sense[seg] @ env[a]`` with ``tl.dot``, env read once, added to the second
+  atoms' rows with atomic adds (faster where env is large, not reproducible bit for bit).
 
 float32 products use ``tl.dot`` with ``input_precision="ieee"`` (:data:`FLOAT32_PRECISION`; ``"tf32"`` would
 round the inputs to 10 bits), 16-bit inputs multiply on tensor cores into float32, float64 multiplies
@@ -33,6 +35,11 @@ from . import pair_segments
 FLOAT32_PRECISION = "ieee"
 #: elements of a program's largest register tile
 TILE_ELEMENTS = 4096
+#: how featsum sums: ``"segments"`` (by ``pair_second``, deterministic) or ``"atomic"`` (by ``pair_first`` with
+#: ``tl.dot``, env read once, atomic adds: the order of the sums, and the last bits, vary from run to run);
+#: environment ``SPARSE_ACCUMULATION_HIPPYNN_FEATSUM``
+FEATSUM = os.environ.get("SPARSE_ACCUMULATION_HIPPYNN_FEATSUM", "segments")
+FEATSUM_MODES = ("segments", "atomic")
 
 
 @triton.jit
@@ -127,6 +134,35 @@ def _featsum_kernel(env_ptr, sense_ptr, first_ptr, order_ptr, offsets_ptr, out_p
     tl.store(out_ptr + b * n_feat + f, tl.sum(acc, axis=0).to(out_ptr.dtype.element_ty), mask=f_ok)
 
 
+@triton.jit
+def _featsum_atomic_kernel(env_ptr, sense_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu,
+                           n_feat, BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr,
+                           MODE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    a = tl.program_id(0).to(tl.int64)
+    f = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    f_ok = f < n_feat
+    start = tl.load(offsets_ptr + a)
+    end = tl.load(offsets_ptr + a + 1)
+    env = env_ptr + a * n_nu * n_feat + f[None, :]
+    for first in range(start, end, BLOCK_P):
+        inside, p, b, ok = _pairs(order_ptr, second_ptr, first + tl.arange(0, BLOCK_P), end, n_atoms)
+        acc = tl.zeros((BLOCK_P, BLOCK_F), dtype=ACC)
+        for nu0 in range(0, n_nu, BLOCK_NU):
+            nu = nu0 + tl.arange(0, BLOCK_NU)
+            nu_ok = nu < n_nu
+            s = tl.load(sense_ptr + p[:, None] * n_nu + nu[None, :], mask=ok[:, None] & nu_ok[None, :], other=0.0)
+            e = tl.load(env + nu[:, None] * n_feat, mask=nu_ok[:, None] & f_ok[None, :], other=0.0)
+            if MODE == 0:
+                acc += tl.dot(s, e, input_precision=PRECISION, out_dtype=ACC)
+            elif MODE == 1:
+                acc += tl.dot(s, e, out_dtype=ACC)
+            elif MODE == 2:
+                acc += tl.sum(s[:, :, None] * e[None, :, :], axis=1)
+            else:
+                acc += tl.dot(s.to(tl.float32), e.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+        tl.atomic_add(out_ptr + b[:, None] * n_feat + f[None, :], acc, mask=ok[:, None] & f_ok[None, :])
+
+
 def _pow2(n: int, low: int, high: int) -> int:
     return max(low, min(high, triton.next_power_of_2(max(n, 1))))
 
@@ -193,6 +229,10 @@ def featsum(env, sense, pair_first, pair_second):
     """``feat[pair_second[p], f] += sum_nu env[pair_first[p], nu, f] * sense[p, nu]``: ``[n_atoms, n_feat]``
     (see :func:`sparse_accumulation.hippynn.featsum`); tensors whose shapes were checked."""
     n_atoms, n_nu, n_feat = env.shape
+    if FEATSUM not in FEATSUM_MODES:
+        raise ValueError(f"hippynn_triton.FEATSUM must be one of {FEATSUM_MODES}, got {FEATSUM!r}")
+    if FEATSUM == "atomic":
+        return _featsum_atomic(env, sense, pair_first, pair_second)
     order, offsets, first = pair_segments.prepare(pair_second, "pair_second", pair_first, "pair_first", n_atoms)
     out = env.new_empty((n_atoms, n_feat))
     if out.numel() == 0:
@@ -206,3 +246,19 @@ def featsum(env, sense, pair_first, pair_second):
     _featsum_kernel[grid](e, s, first, order, offsets, out, n_atoms, n_nu, n_feat, BLOCK_P=terms // block_nu,
                           BLOCK_NU=block_nu, BLOCK_F=block_f, ACC=_acc(e.dtype), num_warps=4)
     return out
+
+
+def _featsum_atomic(env, sense, pair_first, pair_second):
+    """featsum by ``pair_first``: per atom ``a``, ``sense[seg] @ env[a]`` (``[P, nu] x [nu, feat]``, env read
+    once) added to the rows of the pairs' second atoms with atomic adds (in float32, or float64)."""
+    n_atoms, n_nu, n_feat = env.shape
+    order, offsets, second = pair_segments.prepare(pair_first, "pair_first", pair_second, "pair_second", n_atoms)
+    acc = torch.zeros((n_atoms, n_feat), dtype=torch.float64 if env.dtype == torch.float64 else torch.float32,
+                      device=env.device)
+    if acc.numel() and n_nu and sense.shape[0]:
+        e, s = env.contiguous(), sense.contiguous()
+        block_p, block_nu, block_f, warps = _product_blocks(n_nu, n_feat, e.dtype)
+        _featsum_atomic_kernel[(n_atoms, triton.cdiv(n_feat, block_f))](
+            e, s, second, order, offsets, acc, n_atoms, n_nu, n_feat, BLOCK_P=block_p, BLOCK_NU=block_nu,
+            BLOCK_F=block_f, MODE=_mode(e.dtype), PRECISION=FLOAT32_PRECISION, ACC=_acc(e.dtype), num_warps=warps)
+    return acc.to(env.dtype)

@@ -64,6 +64,22 @@ def test_every_sum_and_dtype(generator, dtype):
 
 
 @here
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_featsum_with_atomic_adds(generator, dtype, monkeypatch):
+    """The other featsum (by pair_first, atomic adds), and its choice checked."""
+    kernels = _kernels()
+    s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=6, n_pairs=45, n_nu=5, n_feat=7,
+                                                         dtype=dtype))
+    monkeypatch.setattr(kernels, "FEATSUM", "atomic")
+    got = kernels.featsum(env, s, first, second)
+    assert got.dtype == dtype
+    assert_close_to_oracle(got, LOOPS["featsum"](env, s, first, second), dtype)
+    monkeypatch.setattr(kernels, "FEATSUM", "fast")
+    with pytest.raises(ValueError, match="FEATSUM must be one of"):
+        kernels.featsum(env, s, first, second)
+
+
+@here
 @pytest.mark.parametrize("shape", [(3, 70, 70, 20), (4, 12, 20, 130)])
 def test_blocks_of_pairs_nu_and_feat(generator, shape):
     """Segments longer than a block of pairs, and nu / feat wider than one block (shape: atoms, pairs, nu,
@@ -99,7 +115,9 @@ def test_out_of_range_pairs_are_left_out(generator, monkeypatch):
     valid = (first >= 0) & (first < 6) & (second >= 0) & (second < 6)
     data_s, data_z, data_env, bad_first, bad_second = _on_device(s, z, env, first, second)
     kernels = _kernels()
-    for name in SUMS:
+    for name in SUMS + ["featsum, atomic"]:
+        monkeypatch.setattr(kernels, "FEATSUM", "atomic" if name.endswith("atomic") else "segments")
+        name = name.split(",")[0]
         args = arguments(name, data_s, data_z, data_env, bad_first, bad_second)
         got = getattr(kernels, name)(*args)
         if name == "sensesum":
