@@ -53,6 +53,20 @@ def _pairs(order_ptr, other_ptr, i, end, n_atoms):
 
 
 @triton.jit
+def _product(x, y, MODE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr):
+    """``x @ y`` in the accumulation dtype (see :func:`_mode`)."""
+    if MODE == 0:  # float32
+        result = tl.dot(x, y, input_precision=PRECISION, out_dtype=ACC)
+    elif MODE == 1:  # 16-bit
+        result = tl.dot(x, y, out_dtype=ACC)
+    elif MODE == 2:  # float64
+        result = tl.sum(x[:, :, None] * y[None, :, :], axis=1)
+    else:  # 16-bit, multiplied in float32
+        result = tl.dot(x.to(tl.float32), y.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+    return result
+
+
+@triton.jit
 def _envsum_kernel(s_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu, n_feat,
                    BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr, MODE: tl.constexpr,
                    PRECISION: tl.constexpr, ACC: tl.constexpr):
@@ -68,14 +82,7 @@ def _envsum_kernel(s_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_
         inside, p, b, ok = _pairs(order_ptr, second_ptr, first + tl.arange(0, BLOCK_P), end, n_atoms)
         s = tl.load(s_ptr + p[:, None] * n_nu + nu[None, :], mask=ok[:, None] & nu_ok[None, :], other=0.0)
         z = tl.load(z_ptr + b[:, None] * n_feat + f[None, :], mask=ok[:, None] & f_ok[None, :], other=0.0)
-        if MODE == 0:  # float32
-            acc += tl.dot(tl.trans(s), z, input_precision=PRECISION, out_dtype=ACC)
-        elif MODE == 1:  # 16-bit
-            acc += tl.dot(tl.trans(s), z, out_dtype=ACC)
-        elif MODE == 2:  # float64
-            acc += tl.sum(s[:, :, None] * z[:, None, :], axis=0)
-        else:  # 16-bit, multiplied in float32
-            acc += tl.dot(tl.trans(s).to(tl.float32), z.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+        acc += _product(tl.trans(s), z, MODE, PRECISION, ACC)
     out = out_ptr + a * n_nu * n_feat + nu[:, None] * n_feat + f[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=nu_ok[:, None] & f_ok[None, :])
 
@@ -98,14 +105,7 @@ def _sensesum_kernel(env_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr
             f_ok = f < n_feat
             z = tl.load(z_ptr + b[:, None] * n_feat + f[None, :], mask=ok[:, None] & f_ok[None, :], other=0.0)
             e = tl.load(env + f[:, None], mask=f_ok[:, None] & nu_ok[None, :], other=0.0)  # [BLOCK_F, BLOCK_NU]
-            if MODE == 0:
-                acc += tl.dot(z, e, input_precision=PRECISION, out_dtype=ACC)
-            elif MODE == 1:
-                acc += tl.dot(z, e, out_dtype=ACC)
-            elif MODE == 2:
-                acc += tl.sum(z[:, :, None] * e[None, :, :], axis=1)
-            else:
-                acc += tl.dot(z.to(tl.float32), e.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+            acc += _product(z, e, MODE, PRECISION, ACC)
         out = out_ptr + p[:, None] * n_nu + nu[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside[:, None] & nu_ok[None, :])
 
@@ -152,14 +152,7 @@ def _featsum_atomic_kernel(env_ptr, sense_ptr, second_ptr, order_ptr, offsets_pt
             nu_ok = nu < n_nu
             s = tl.load(sense_ptr + p[:, None] * n_nu + nu[None, :], mask=ok[:, None] & nu_ok[None, :], other=0.0)
             e = tl.load(env + nu[:, None] * n_feat, mask=nu_ok[:, None] & f_ok[None, :], other=0.0)
-            if MODE == 0:
-                acc += tl.dot(s, e, input_precision=PRECISION, out_dtype=ACC)
-            elif MODE == 1:
-                acc += tl.dot(s, e, out_dtype=ACC)
-            elif MODE == 2:
-                acc += tl.sum(s[:, :, None] * e[None, :, :], axis=1)
-            else:
-                acc += tl.dot(s.to(tl.float32), e.to(tl.float32), input_precision=PRECISION, out_dtype=ACC)
+            acc += _product(s, e, MODE, PRECISION, ACC)
         tl.atomic_add(out_ptr + b[:, None] * n_feat + f[None, :], acc, mask=ok[:, None] & f_ok[None, :])
 
 
