@@ -3,13 +3,15 @@
 Each sum is a serial numba function over a range of atoms, summing the pairs of each atom from its CSR segment
 (:mod:`.pair_segments`) in the segment's fixed order, so no two work items write the same output row:
 
-* ``envsum``: ``env[a] = sum over pairs p of atom a (by pair_first) of s[p, :, None] * z[pair_second[p], None, :]``,
-  four pairs per sweep of the ``[n_nu, n_feat]`` accumulator;
+* ``envsum``: ``env[a, nu] = sum over pairs p of atom a (by pair_first) of s[p, nu] * z[pair_second[p]]``;
 * ``sensesum``: for the pairs of atom ``a`` (by pair_first), four at a time,
   ``sense[p, nu] = env[a, nu, :] . z[pair_second[p], :]``;
-* ``featsum``: ``feat[b] = sum over pairs p of atom b (by pair_second) of sense[p, :] @ env[pair_first[p]]``,
-  four ``nu`` per sweep of the ``[n_feat]`` accumulator.
+* ``featsum``: ``feat[b] = sum over pairs p of atom b (by pair_second) and nu of sense[p, nu] *
+  env[pair_first[p], nu]``.
 
+The terms of a sum are listed first (branch-free), then added four rows per sweep of the accumulator row. A term
+whose sensitivity is exactly zero is left out where the row it multiplies is finite (it would add exactly
+zero; hippynn's sensitivities vanish beyond the cut-off), so NaN and infinity propagate as in the formulas.
 No ``[pairs, nu, feat]`` or ``[pairs, feat]`` intermediate exists. Large calls are cut into tasks of whole atoms
 (cut from the segment sizes alone, never from the thread count) that a thread pool of
 ``numba.config.NUMBA_NUM_THREADS`` threads runs (the functions release the GIL); each output element is computed
@@ -20,6 +22,7 @@ Also here, for :mod:`.pair_segments`: the range check of an index tensor and its
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -67,20 +70,12 @@ def _counting_sort(key, n, order, offsets):
 
 
 @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _all_finite(x):
-    """Whether every element of the 1-D array ``x`` is finite (``x * 0`` is 0 exactly for finite ``x``)."""
-    total = x.dtype.type(0) if x.shape[0] == 0 else x[0] * 0
-    for f in range(x.shape[0]):
-        total += x[f] * 0
+def _all_finite(x, row):
+    """Whether row ``row`` of the 2-D array ``x`` is all finite (``x * 0`` is exactly 0 for a finite ``x``)."""
+    total = x.dtype.type(0)
+    for f in range(x.shape[1]):
+        total += x[row, f] * 0
     return total == 0
-
-
-@numba.njit(cache=True, nogil=True)
-def _finite_row(x, row, memo):
-    """Whether row ``row`` of the 2-D array ``x`` is all finite, remembered in ``memo`` (0: not yet known)."""
-    if memo[row] == 0:
-        memo[row] = 1 if _all_finite(x[row]) else 2
-    return memo[row] == 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -91,79 +86,79 @@ def _longest(offsets, first_atom, last_atom):
     return longest
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _add_rows(acc, x, rows, values, count):
-    """``acc = sum over j < count of values[j] * x[rows[j]]``, four rows per sweep of ``acc``."""
-    n = acc.shape[0]
-    for f in range(n):
-        acc[f] = 0
-    j = 0
-    while j + 4 <= count:
-        v0, v1, v2, v3 = values[j], values[j + 1], values[j + 2], values[j + 3]
-        x0, x1, x2, x3 = x[rows[j]], x[rows[j + 1]], x[rows[j + 2]], x[rows[j + 3]]
-        for f in range(n):
-            acc[f] += (v0 * x0[f] + v1 * x1[f]) + (v2 * x2[f] + v3 * x3[f])
-        j += 4
-    while j < count:
-        v0 = values[j]
-        x0 = x[rows[j]]
-        for f in range(n):
-            acc[f] += v0 * x0[f]
-        j += 1
+# The kernels below index arrays element by element and call no function with array arguments in their loops:
+# a row view or such a call per term costs more (reference counting of the views) than the term's arithmetic.
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _envsum_atoms(s, z, second, order, offsets, out, first_atom, last_atom):
     """``out[a, nu] = sum over the pairs p of atom a of s[p, nu] * z[second[p]]`` for atoms ``first_atom ..
-    last_atom - 1``. A term with ``s[p, nu] == 0`` is left out where ``z[second[p]]`` is finite (adding it would
-    add exactly zero)."""
+    last_atom - 1``, four terms per sweep of ``out[a, nu]``. A term with ``s[p, nu] == 0`` is left out where
+    ``z[second[p]]`` is finite (it would add exactly zero)."""
     n_nu = s.shape[1]
+    n_feat = z.shape[1]
     longest = _longest(offsets, first_atom, last_atom)
     pairs = np.empty(longest, dtype=np.int64)
     seconds = np.empty(longest, dtype=np.int64)
     keep = np.empty(longest, dtype=np.bool_)
     rows = np.empty(longest, dtype=np.int64)
     values = np.empty(longest, dtype=s.dtype)
-    memo = np.zeros(z.shape[0], dtype=np.uint8)
+    memo = np.zeros(z.shape[0], dtype=np.uint8)  # per atom of z: 0 not known, 1 finite, 2 not
     for a in range(first_atom, last_atom):
         start = offsets[a]
         n = offsets[a + 1] - start
         for j in range(n):
             p = order[start + j]
+            b = second[p]
+            if memo[b] == 0:
+                memo[b] = 1 if _all_finite(z, b) else 2
             pairs[j] = p
-            seconds[j] = second[p]
-            keep[j] = not _finite_row(z, seconds[j], memo)
+            seconds[j] = b
+            keep[j] = memo[b] == 2
         for nu in range(n_nu):
             count = 0
-            for j in range(n):  # branch-free: a term is written, and kept by counting it
+            for j in range(n):  # branch-free: every term is written, and kept by counting it
                 v = s[pairs[j], nu]
                 rows[count] = seconds[j]
                 values[count] = v
                 count += (v != 0) | keep[j]
-            _add_rows(out[a, nu], z, rows, values, count)
+            for f in range(n_feat):
+                out[a, nu, f] = 0
+            j = 0
+            while j + 4 <= count:
+                v0, v1, v2, v3 = values[j], values[j + 1], values[j + 2], values[j + 3]
+                r0, r1, r2, r3 = rows[j], rows[j + 1], rows[j + 2], rows[j + 3]
+                for f in range(n_feat):
+                    out[a, nu, f] += (v0 * z[r0, f] + v1 * z[r1, f]) + (v2 * z[r2, f] + v3 * z[r3, f])
+                j += 4
+            while j < count:
+                v0 = values[j]
+                r0 = rows[j]
+                for f in range(n_feat):
+                    out[a, nu, f] += v0 * z[r0, f]
+                j += 1
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _sensesum_atoms(env, z, second, order, offsets, out, zero, first_atom, last_atom):
-    """``out[p, nu] = env[a, nu] . z[second[p]]`` for the pairs p of atoms ``first_atom .. last_atom - 1``."""
+    """``out[p, nu] = env[a, nu] . z[second[p]]`` for the pairs p of atoms ``first_atom .. last_atom - 1``, four
+    pairs per sweep of ``env[a, nu]``."""
     n_nu = env.shape[1]
     n_feat = env.shape[2]
     for a in range(first_atom, last_atom):
-        e = env[a]
         i = offsets[a]
         end = offsets[a + 1]
         while i + 4 <= end:
             p0, p1, p2, p3 = order[i], order[i + 1], order[i + 2], order[i + 3]
-            z0, z1, z2, z3 = z[second[p0]], z[second[p1]], z[second[p2]], z[second[p3]]
+            b0, b1, b2, b3 = second[p0], second[p1], second[p2], second[p3]
             for nu in range(n_nu):
-                row = e[nu]
                 t0 = t1 = t2 = t3 = zero
                 for f in range(n_feat):
-                    r = row[f]
-                    t0 += r * z0[f]
-                    t1 += r * z1[f]
-                    t2 += r * z2[f]
-                    t3 += r * z3[f]
+                    e = env[a, nu, f]
+                    t0 += e * z[b0, f]
+                    t1 += e * z[b1, f]
+                    t2 += e * z[b2, f]
+                    t3 += e * z[b3, f]
                 out[p0, nu] = t0
                 out[p1, nu] = t1
                 out[p2, nu] = t2
@@ -171,12 +166,11 @@ def _sensesum_atoms(env, z, second, order, offsets, out, zero, first_atom, last_
             i += 4
         while i < end:
             p0 = order[i]
-            z0 = z[second[p0]]
+            b0 = second[p0]
             for nu in range(n_nu):
-                row = e[nu]
                 t0 = zero
                 for f in range(n_feat):
-                    t0 += row[f] * z0[f]
+                    t0 += env[a, nu, f] * z[b0, f]
                 out[p0, nu] = t0
             i += 1
 
@@ -184,34 +178,52 @@ def _sensesum_atoms(env, z, second, order, offsets, out, zero, first_atom, last_
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _featsum_atoms(env, sense, first, order, offsets, out, first_atom, last_atom):
     """``out[b] = sum over the pairs p of atom b and nu of sense[p, nu] * env[first[p], nu]`` for atoms
-    ``first_atom .. last_atom - 1``. Terms with ``sense[p, nu] == 0`` are left out where ``env[first[p]]`` is
-    finite."""
+    ``first_atom .. last_atom - 1``, four terms per sweep of ``out[b]``. Terms with ``sense[p, nu] == 0`` are left
+    out where ``env[first[p]]`` is finite."""
     n_nu = sense.shape[1]
-    rows_of = env.reshape(env.shape[0] * n_nu, env.shape[2])
-    atoms_of = env.reshape(env.shape[0], n_nu * env.shape[2])
+    n_feat = env.shape[2]
+    rows_of = env.reshape(env.shape[0] * n_nu, n_feat)  # row a * n_nu + nu: env[a, nu]
+    atoms_of = env.reshape(env.shape[0], n_nu * n_feat)
     longest = _longest(offsets, first_atom, last_atom) * n_nu
     rows = np.empty(longest, dtype=np.int64)
     values = np.empty(longest, dtype=sense.dtype)
-    memo = np.zeros(env.shape[0], dtype=np.uint8)
+    memo = np.zeros(env.shape[0], dtype=np.uint8)  # per atom of env: 0 not known, 1 finite, 2 not
     for b in range(first_atom, last_atom):
         count = 0
         for i in range(offsets[b], offsets[b + 1]):
             p = order[i]
             a = first[p]
             base = a * n_nu
-            kept = count
+            start = count
             for nu in range(n_nu):  # branch-free, as in _envsum_atoms
                 v = sense[p, nu]
                 rows[count] = base + nu
                 values[count] = v
                 count += v != 0
-            if count - kept < n_nu and not _finite_row(atoms_of, a, memo):
-                count = kept
-                for nu in range(n_nu):
-                    rows[count] = base + nu
-                    values[count] = sense[p, nu]
-                    count += 1
-        _add_rows(out[b], rows_of, rows, values, count)
+            if count - start < n_nu:
+                if memo[a] == 0:
+                    memo[a] = 1 if _all_finite(atoms_of, a) else 2
+                if memo[a] == 2:
+                    count = start
+                    for nu in range(n_nu):
+                        rows[count] = base + nu
+                        values[count] = sense[p, nu]
+                        count += 1
+        for f in range(n_feat):
+            out[b, f] = 0
+        j = 0
+        while j + 4 <= count:
+            v0, v1, v2, v3 = values[j], values[j + 1], values[j + 2], values[j + 3]
+            r0, r1, r2, r3 = rows[j], rows[j + 1], rows[j + 2], rows[j + 3]
+            for f in range(n_feat):
+                out[b, f] += (v0 * rows_of[r0, f] + v1 * rows_of[r1, f]) + (v2 * rows_of[r2, f] + v3 * rows_of[r3, f])
+            j += 4
+        while j < count:
+            v0 = values[j]
+            r0 = rows[j]
+            for f in range(n_feat):
+                out[b, f] += v0 * rows_of[r0, f]
+            j += 1
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -243,12 +255,16 @@ _pool = None
 _pool_lock = threading.Lock()
 
 
+def _threads() -> int:
+    return max(1, numba.config.NUMBA_NUM_THREADS)
+
+
 def _executor() -> ThreadPoolExecutor:
+    """The helper threads: one fewer than the threads a call uses (the calling thread works too)."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, numba.config.NUMBA_NUM_THREADS),
-                                       thread_name_prefix="sparse_accumulation_pairs")
+            _pool = ThreadPoolExecutor(max_workers=max(1, _threads() - 1), thread_name_prefix="sparse_accumulation_pairs")
         return _pool
 
 
@@ -274,14 +290,30 @@ def _tasks(offsets: np.ndarray, work_per_pair: int, work_per_atom: int) -> list:
 
 
 def _run(kernel, args: tuple, offsets: np.ndarray, work_per_pair: int, work_per_atom: int) -> None:
-    """``kernel(*args, first, last)`` over every atom (``offsets``: the CSR segments), in tasks on the thread
-    pool."""
+    """``kernel(*args, first, last)`` over every atom (``offsets``: the CSR segments), in tasks that the calling
+    thread and the pool's helpers take in turn (which thread runs a task does not change its results)."""
     tasks = _tasks(offsets, work_per_pair, work_per_atom)
-    if len(tasks) == 1:
-        kernel(*args, *tasks[0])
+    helpers = min(_threads(), len(tasks)) - 1
+    if helpers <= 0:
+        for task in tasks:
+            kernel(*args, *task)
         return
-    futures = [_executor().submit(kernel, *args, *task) for task in tasks[1:]]
-    kernel(*args, *tasks[0])
+    pending = iter(tasks)
+    lock = threading.Lock()
+
+    def work():
+        while True:
+            with lock:
+                task = next(pending, None)
+            if task is None:
+                return
+            kernel(*args, *task)
+
+    futures = [_executor().submit(work) for _ in range(helpers)]
+    try:
+        work()
+    finally:
+        concurrent.futures.wait(futures)  # no kernel may still write when the call returns or raises
     for future in futures:
         future.result()
 
