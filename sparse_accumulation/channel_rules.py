@@ -108,6 +108,8 @@ class ChannelRule:
         channels: number of channels ``B`` (>= 1).
         maps: ``(X1, X2, W, out)`` :class:`ColumnMap` s (W None for a rule without weights), sized
             ``rule.input_sizes``, ``rule.weight_size`` and ``rule.output_size``.
+        coefficients: constant coefficients (``rule.nnz`` floats) that GPU kernels may compile in instead of
+            reading ``C``; every call must then pass ``C`` equal to them (in its dtype). None: ``C`` is data.
 
     Raises:
         TypeError: ``rule`` is not a Rule.
@@ -115,7 +117,7 @@ class ChannelRule:
             components to one column; W's map missing for a weighted rule or given for an unweighted one.
     """
 
-    def __new__(cls, rule: Rule, channels: int, maps):
+    def __new__(cls, rule: Rule, channels: int, maps, coefficients=None):
         if not isinstance(rule, Rule):
             raise TypeError(f"rule must be a sparse_accumulation.Rule, got {type(rule).__name__}")
         if isinstance(channels, bool) or not isinstance(channels, (int, np.integer)) or channels < 1:
@@ -130,16 +132,22 @@ class ChannelRule:
         for name, column_map, size in zip(SLOTS, maps, sizes):
             if column_map is not None:
                 check_map(name, column_map, size, int(channels), name == "out")
-        return cls._intern(rule, int(channels), maps)
+        if coefficients is not None:
+            coefficients = tuple(float(c) for c in np.asarray(coefficients, dtype=np.float64).ravel())
+            if len(coefficients) != rule.nnz:
+                raise ValueError(f"coefficients must hold one value per nonzero ({rule.nnz}), got {len(coefficients)}")
+        return cls._intern(rule, int(channels), maps, coefficients)
 
     @classmethod
-    def _intern(cls, rule: Rule, channels: int, maps: tuple) -> "ChannelRule":
-        key = f"c1:{channels}:" + ";".join(_encode_map(m) for m in maps) + ":" + rule.key
+    def _intern(cls, rule: Rule, channels: int, maps: tuple, coefficients=None) -> "ChannelRule":
+        values = "" if coefficients is None else ",".join(c.hex() for c in coefficients)
+        key = f"c1:{channels}:" + ";".join(_encode_map(m) for m in maps) + f":{values}:" + rule.key
         with _lock:
             found = _interned.get(key)
             if found is None:
                 found = object.__new__(cls)
-                found.__dict__.update(rule=rule, channels=channels, maps=maps, key=key, _derived={})
+                found.__dict__.update(rule=rule, channels=channels, maps=maps, coefficients=coefficients, key=key,
+                                      _derived={})
                 _interned[key] = found
         return found
 
@@ -155,7 +163,7 @@ class ChannelRule:
         if found is not None:
             return found
         try:
-            version, channels, maps, rule_key = key.split(":", 3)
+            version, channels, maps, values, rule_key = key.split(":", 4)
             if version != "c1":
                 raise ValueError
             decoded = []
@@ -167,7 +175,8 @@ class ChannelRule:
                 pairs = [e.rsplit("+", 1) for e in entries.split(",")] if entries else []
                 decoded.append(ColumnMap(tuple(int(b) for b, _ in pairs), tuple(int(s) for _, s in pairs),
                                          int(width)))
-            return cls(Rule.from_key(rule_key), int(channels), decoded)
+            coefficients = [float.fromhex(v) for v in values.split(",")] if values else None
+            return cls(Rule.from_key(rule_key), int(channels), decoded, coefficients)
         except (ValueError, TypeError):
             raise ValueError(f"not a channel rule key: {key[:60]!r}") from None
 
@@ -201,8 +210,15 @@ class ChannelRule:
             slot = SLOTS.index(role)
             maps = list(self.maps)
             maps[slot], maps[3] = maps[3], maps[slot]
-            found = self._derived[role] = ChannelRule._intern(self.rule.swapped(role), self.channels, tuple(maps))
+            found = self._derived[role] = ChannelRule._intern(self.rule.swapped(role), self.channels, tuple(maps),
+                                                              self.coefficients)
         return found
+
+    def with_data_coefficients(self) -> "ChannelRule":
+        """The same rule with ``C`` read as data (no constant coefficients)."""
+        if self.coefficients is None:
+            return self
+        return ChannelRule._intern(self.rule, self.channels, self.maps)
 
     def flat(self) -> tuple:
         """``(rule, C index)``: the rule of all channels at once on the rows' own columns (one nonzero per
@@ -234,9 +250,13 @@ class ChannelRule:
     def writes_every_column(self, slot: int) -> bool:
         """Whether an output in ``slot`` gets a value in every column of its rows (else it starts from zeros):
         its map covers the row and every component receives some nonzero."""
-        name = ("m1", "m2", "w", "mu")[slot]
-        column_map = self.maps[slot]
-        return column_map.covers(self.channels) and len(set(getattr(self.rule, name))) == column_map.size
+        found = self._derived.get(("writes", slot))
+        if found is None:
+            name = ("m1", "m2", "w", "mu")[slot]
+            column_map = self.maps[slot]
+            found = column_map.covers(self.channels) and len(set(getattr(self.rule, name))) == column_map.size
+            self._derived[("writes", slot)] = found
+        return found
 
     @property
     def has_constant_weights(self) -> bool:

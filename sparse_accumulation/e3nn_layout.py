@@ -388,9 +388,10 @@ def _weight_map(weights: WeightLayout) -> ColumnMap:
 def channel_rule(plan: Plan, in2_dim: int) -> Optional[ChannelRule]:
     """The :class:`~sparse_accumulation.channel_rules.ChannelRule` of a plan: its rule on ``plan.channels``
     channels, reading and writing e3nn's tensors in place (``x``, ``y`` of ``in2_dim`` columns, the weights,
-    the output); None when the plan computes nothing."""
+    the output), with the plan's coefficients as constants; None when the plan computes nothing."""
     if plan.rule is None:
         return None
     y = (ColumnMap(tuple(range(in2_dim)), (0,) * in2_dim, in2_dim) if plan.y is None else _column_map(plan.y))
     weights = None if plan.weights is None else _weight_map(plan.weights)
-    return ChannelRule(plan.rule, plan.channels, (_column_map(plan.x), y, weights, _column_map(plan.out)))
+    return ChannelRule(plan.rule, plan.channels, (_column_map(plan.x), y, weights, _column_map(plan.out)),
+                       plan.coefficients)

@@ -62,39 +62,68 @@ def segments(index: Tensor, size: int) -> tuple:
     return torch.searchsorted(values, boundaries), order
 
 
-def _mode(slot, indices, offsets, reduction, device) -> str:
-    if indices[slot] is None:
-        return EDGE
-    if offsets[slot] is not None or reduction == SEGMENT or device.type != "cuda":
-        return SEGMENT
-    return ATOMIC
+def _kernel_operand(t: Optional[Tensor], direct: bool, edges: int) -> Optional[Tensor]:
+    """An operand as the kernels read it: unit column stride, and a slot without index with one row per edge
+    (a single row, or rows that are all one row, read with row stride 0)."""
+    if t is None:
+        return None
+    if direct and (t.shape[0] != edges or t.stride(0) == 0) and t.shape[0] >= 1:
+        return t[:1].contiguous().expand(edges, -1)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _grid_slots(crule, tensors, indices, offsets, outputs) -> tuple:
+    """The slots whose index gives the grid's segments (empty: the grid is the edges).
+
+    A grid by an index sums the outputs it gathers in segments and reads the operands it gathers once per row;
+    an output gathered by another index is written per edge and summed afterwards (:func:`segment_sum` of the
+    kernels: twice its width moved per edge). The index that saves the most per edge is chosen, among those
+    of the outputs and those whose segments are at hand."""
+    groups = {}
+    for s in range(4):
+        if indices[s] is not None and (s in outputs or tensors[s] is not None):
+            groups.setdefault(id(indices[s]), []).append(s)
+    gathered_outputs = [s for s in outputs if indices[s] is not None]
+    best, best_score = (), None
+    for slots in groups.values():
+        if not any(s in gathered_outputs for s in slots) and offsets[slots[0]] is None:
+            continue
+        score = sum(crule.maps[s].width for s in slots)
+        score -= sum(2 * crule.maps[s].width for s in gathered_outputs if s not in slots)
+        if best_score is None or score > best_score:
+            best, best_score = tuple(slots), score
+    return best
 
 
 def _run(kernels, tensors, C, indices, offsets, orders, crule, outputs, rows, edges, reduction, traceable):
-    """Group the outputs into kernel calls: one per segment index (the first also takes the outputs written per
-    edge or atomically), or one over the edges."""
+    """One kernel call (and, for outputs gathered by another index than the grid's, a segment sum each)."""
     crule = ChannelRule.from_key(crule)
-    tensors = [t if t is None or indices[s] is not None or t.shape[0] == edges else t.expand(edges, -1)
-               for s, t in enumerate(tensors)]
-    device = C.device
-    plan, groups = [], {}
+    tensors = [_kernel_operand(t, indices[s] is None, edges) for s, t in enumerate(tensors)]
+    atomic = reduction == ATOMIC and C.device.type == "cuda"
+    grid = () if atomic else _grid_slots(crule, tensors, indices, offsets, outputs)
+    segment_data = None
+    if grid:
+        first = grid[0]
+        segment_data = ((offsets[first], orders[first]) if offsets[first] is not None
+                        else segments(indices[first], rows[first]))
+    plan, summed = [], []
     for slot in outputs:
-        mode = _mode(slot, indices, offsets, reduction, device)
-        size = edges if mode == EDGE else rows[slot]
-        plan.append((slot, mode, size))
-        if mode == SEGMENT:
-            groups.setdefault(id(indices[slot]), []).append(slot)
-    results = {}
-    calls = [(slots[0], [p for p in plan if p[0] in slots]) for slots in groups.values()] or [(None, [])]
-    calls[0][1].extend(p for p in plan if p[1] != SEGMENT)
-    for first, entries in calls:
-        segment_data = None
-        if first is not None:
-            segment_data = ((offsets[first], orders[first]) if offsets[first] is not None
-                            else segments(indices[first], rows[first]))
-        produced = kernels.run(crule, tensors, indices, tuple(entries), C, edges=edges, segments=segment_data,
-                               traceable=traceable)
-        results.update({slot: t for (slot, _, _), t in zip(entries, produced)})
+        if indices[slot] is None:
+            plan.append((slot, EDGE, edges))
+        elif atomic:
+            plan.append((slot, ATOMIC, rows[slot]))
+        elif slot in grid:
+            plan.append((slot, SEGMENT, rows[slot]))
+        else:
+            plan.append((slot, EDGE, edges))
+            summed.append(slot)
+    hoisted = tuple(s for s in grid if s not in outputs)
+    produced = kernels.run(crule, tensors, indices, tuple(plan), C, edges=edges, segments=segment_data,
+                           hoisted=hoisted, traceable=traceable)
+    results = dict(zip(outputs, produced))
+    for slot in summed:
+        own = ((offsets[slot], orders[slot]) if offsets[slot] is not None else segments(indices[slot], rows[slot]))
+        results[slot] = kernels.segment_sum(results[slot], own, rows[slot], traceable=traceable)
     out = []
     for slot in outputs:
         t = results[slot]
@@ -158,8 +187,7 @@ def graph_coefficient_sums(X1: Optional[Tensor], X2: Optional[Tensor], W: Option
     """Per nonzero, the sum over edges and channels of the product of the four slots (see the module)."""
     from .kernels import graph as reference
 
-    tensors = [t if t is None or indices[s] is not None or t.shape[0] == edges else t.expand(edges, -1)
-               for s, t in enumerate((X1, X2, W, T))]
+    tensors = [_kernel_operand(t, indices[s] is None, edges) for s, t in enumerate((X1, X2, W, T))]
     return reference.coefficient_sums(ChannelRule.from_key(crule), tensors, indices, edges=edges)
 
 
@@ -192,6 +220,7 @@ def _restore(ctx):
 
 def _setup_accumulate(ctx, inputs, output):
     X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation, reduction = inputs
+    ctx.set_materialize_grads(False)  # an output nothing depends on gets no gradient (not a tensor of zeros)
     _save(ctx, (X1, X2, W, T), C, indices, offsets, orders)
     ctx.args = (crule, list(outputs), list(rows), edges, implementation, reduction)
 
@@ -246,7 +275,8 @@ def _sums_grad(ctx, grad):
     result = [None] * 4
     if targets:
         rows = [t.shape[0] if t is not None else 0 for t in tensors]
-        parts = graph_accumulate(*tensors, grad, indices, offsets, orders, crule, targets, rows, edges,
+        data_rule = ChannelRule.from_key(crule).with_data_coefficients().key  # the coefficients are `grad` here
+        parts = graph_accumulate(*tensors, grad, indices, offsets, orders, data_rule, targets, rows, edges,
                                  implementation, SEGMENT)
         for s, part in zip(targets, parts):
             result[s] = part

@@ -7,7 +7,7 @@ every edge ``e``, channel ``b`` and nonzero ``k``, at its row of edge ``e`` and 
 ``m2[k]``, W's at ``w[k]``, out's at ``mu[k]``). The forward is output slot 3 from X1, X2 and W; the gradient of
 X1 is output slot 0 with the output gradient in slot 3; and so on.
 
-``run(crule, tensors, indices, outputs, C, *, edges, segments=None, traceable=False) -> tuple``:
+``run(crule, tensors, indices, outputs, C, *, edges, segments=None, hoisted=(), traceable=False) -> tuple``:
 
 * ``tensors``: per slot, a 2-D ``[rows, width]`` tensor (unit column stride; a slot without index has
   ``edges`` rows, possibly one row expanded with stride 0) or None for a slot that is only written;
@@ -16,12 +16,17 @@ X1 is output slot 0 with the output gradient in slot 3; and so on.
 * ``outputs``: ``(slot, mode, rows)`` each: ``"edge"`` (one row per edge, no index), ``"segment"`` (summed into
   ``rows`` rows by its index, through ``segments``) or ``"atomic"`` (the same sum, by atomic adds: the order of
   summation is not fixed);
-* ``segments``: ``(offsets, order)`` of the index of the segment outputs (they share it): the edges of row
-  ``r`` are ``order[offsets[r]:offsets[r + 1]]`` (``order`` None: the edges in order, the index sorted);
+* ``segments``: ``(offsets, order)`` of one index (the grid index; the segment outputs are gathered by it):
+  the edges of row ``r`` are ``order[offsets[r]:offsets[r + 1]]`` (``order`` None: the edges in order, the
+  index sorted); kernels may visit the edges row by row in that order;
+* ``hoisted``: slots gathered by the grid index (a kernel may read their rows once per segment);
 * ``C``: ``[nnz]`` coefficients of the operands' dtype.
 
 Each output is a new ``[rows, width]`` tensor of the operands' dtype (16-bit inputs are computed in float32).
 Rows gathered from outside ``[0, rows)`` read as zeros and contributions to rows outside are dropped.
+
+``segment_sum(Z, segments, rows, traceable=False) -> [rows, width]``: row ``r`` is the sum of the rows of
+``Z [edges, width]`` of the edges of segment ``r``, in the segments' order.
 
 ``coefficient_sums(crule, tensors, indices, *, edges) -> [nnz]``: for every nonzero, the sum over edges and
 channels of the product of all four slots (the gradient of C).
@@ -85,10 +90,10 @@ def _rows_of(crule, slot, products, dtype):
     return out.index_add_(1, cols[kept], products.reshape(products.shape[0], -1)[:, kept])
 
 
-def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, traceable: bool = False):
+def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoisted=(), traceable: bool = False):
     """See the module docstring. Materialises the per-edge products in chunks: for validation and as the
     portable fallback, not for speed."""
-    del segments, traceable  # the index itself says where each edge goes
+    del segments, hoisted, traceable  # the index itself says where each edge goes
     operand = next(t for t in tensors if t is not None)
     dtype = accumulation_dtype(operand.dtype)
     results = [torch.zeros(rows, crule.maps[slot].width, dtype=dtype, device=operand.device)
@@ -106,6 +111,18 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, trace
             valid = (target >= 0) & (target < rows)
             result.index_add_(0, target[valid], edge_rows[valid])
     return tuple(r.to(operand.dtype) for r in results)
+
+
+def segment_sum(Z, segments, rows: int, traceable: bool = False):
+    """See the module docstring."""
+    offsets, order = segments
+    counts = offsets[1:] - offsets[:-1]
+    target = torch.repeat_interleave(torch.arange(rows, device=Z.device), counts)
+    first = offsets[0]
+    edges = torch.arange(Z.shape[0], device=Z.device)[first:first + target.shape[0]] if order is None else \
+        order[first:first + target.shape[0]]
+    out = torch.zeros(rows, Z.shape[1], dtype=accumulation_dtype(Z.dtype), device=Z.device)
+    return out.index_add_(0, target, Z[edges].to(out.dtype)).to(Z.dtype)
 
 
 def coefficient_sums(crule, tensors, indices, *, edges: int):

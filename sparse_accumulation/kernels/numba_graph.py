@@ -210,6 +210,34 @@ def _run_tasks(kernel_args, grid_rows: int, offsets, work: int) -> None:
         future.result()
 
 
+@numba.njit(cache=True, nogil=True)
+def _segment_sum(z, z_stride, offsets, order, out, width):
+    """``out[r] = sum of z rows`` over the edges of segment ``r``, in the segments' order."""
+    for r in range(offsets.shape[0] - 1):
+        line = out[r]
+        for j in range(width):
+            line[j] = 0.0
+        for p in range(offsets[r], offsets[r + 1]):
+            e = order[p] if order.shape[0] > 0 else p
+            start = e * z_stride
+            for j in range(width):
+                line[j] += z[start + j]
+
+
+def segment_sum(Z, segments, rows: int, traceable: bool = False):
+    """See :mod:`sparse_accumulation.kernels.graph`."""
+    dtype = accumulation_dtype(Z.dtype)
+    out = torch.empty(rows, Z.shape[1], dtype=dtype)
+    if rows and Z.shape[1]:
+        offsets, order = segments
+        z = Z.detach().to(dtype).contiguous()
+        _segment_sum(z.numpy().ravel(), z.shape[1], offsets.numpy(),
+                     order.numpy() if order is not None else _EMPTY_INDEX, out.numpy(), z.shape[1])
+    else:
+        out.zero_()
+    return out if dtype == Z.dtype else out.to(Z.dtype)
+
+
 def _numpy(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     """The flat data of a 2-D tensor (rows at its row stride, unit column stride) in the compute dtype."""
     t = t.detach()
@@ -223,9 +251,9 @@ def _numpy(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return t.as_strided((span,), (1,)).numpy()
 
 
-def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, traceable: bool = False):
+def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoisted=(), traceable: bool = False):
     """See :mod:`sparse_accumulation.kernels.graph` ("atomic" outputs are summed by segments here too)."""
-    del traceable
+    del hoisted, traceable
     operand = next(t for t in tensors if t is not None)
     dtype = accumulation_dtype(operand.dtype)
     np_dtype = buffers.NUMPY_DTYPES[dtype]

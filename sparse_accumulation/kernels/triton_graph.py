@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import torch
 
-from . import accumulation_dtype, memo
+from . import accumulation_dtype
 
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
 
     from .triton import build, launch
-    from .triton.graph_source import ATOMIC, SEGMENT, Spec, kernel_source, next_pow2, parameters
+    from .triton.graph_source import ATOMIC, Spec, kernel_source, next_pow2, parameters, segment_sum_source
 except Exception:  # pragma: no cover - depends on the environment
     triton = None
 
-__all__ = ["run"]
+__all__ = ["run", "segment_sum"]
 
 _INT32_LIMIT = 2**31 - 1
 #: programs of ``BLOCK_R * BLOCK_B`` lanes (then warps) to tune over, best guess first
@@ -59,11 +59,7 @@ def _largest_offset(tensors, rows) -> int:
     return max((n * t.stride(0) + t.shape[1] for t, n in zip(tensors, rows) if t is not None), default=0)
 
 
-#: per call plan (channel rule, spec): the kernel and the parameter order
-_plans = memo.Memo(1024)
-
-
-def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, traceable: bool = False):
+def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoisted=(), traceable: bool = False):
     """See :mod:`sparse_accumulation.kernels.graph`."""
     operand = next(t for t in tensors if t is not None)
     dtype = operand.dtype
@@ -84,7 +80,8 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, trace
                   _largest_offset([results[s] for s, _, _ in outputs], [out_rows[s] for s, _, _ in outputs]),
                   edges, grid_rows + 1024)
     spec = Spec(tuple(i is not None for i in indices), tuple((slot, mode) for slot, mode, _ in outputs),
-                order is not None, largest >= _INT32_LIMIT, _acc(accumulation_dtype(dtype)))
+                segments is not None, tuple(s in hoisted for s in range(4)), order is not None,
+                largest >= _INT32_LIMIT, _acc(accumulation_dtype(dtype)))
     kernel = _kernel(crule, spec)
     pointer_names, int_names = parameters(crule, spec)
     available = {f"T{s}": t for s, t in enumerate(tensors) if t is not None}
@@ -94,7 +91,7 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, trace
         available["OFFSETS"], available["ORDER"] = segments
     available["C"] = C if C.is_contiguous() else C.contiguous()
     pointers = [available[n] for n in pointer_names]
-    values = {"R": grid_rows, "R_BUCKET": grid_rows.bit_length()}
+    values = {"R": grid_rows, "R_BUCKET": grid_rows.bit_length(), "CZ": 0}
     for s in range(4):
         if tensors[s] is not None:
             values[f"S{s}"] = tensors[s].stride(0)
@@ -107,6 +104,33 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, trace
                   device=operand.device, traceable=traceable, tuning=ints[-1],
                   small=all(v <= _INT32_LIMIT for v in ints))
     return tuple(results[slot] for slot, _, _ in outputs)
+
+
+#: columns a program of the segment sum adds
+_SUM_COLUMNS = 128
+
+
+def segment_sum(Z, segments, rows: int, traceable: bool = False):
+    """``out[r] = sum of Z[e]`` over the edges ``e`` of row ``r`` (``segments = (offsets, order)``), in the
+    segments' order: deterministic; ``[rows, Z.shape[1]]`` of Z's dtype."""
+    offsets, order = segments
+    out = Z.new_empty((rows, Z.shape[1]))
+    if rows == 0 or Z.shape[1] == 0:
+        return out
+    acc = _acc(accumulation_dtype(Z.dtype))
+
+    def make():
+        name = build.kernel_name("segment_sum", (acc, order is not None))
+        source = segment_sum_source(name, acc, order is not None)
+        fn = triton.jit(build.load_function(source, name), do_not_specialize=["WIDTH", "SZ", "SO"])
+        return triton.autotune(configs=[triton.Config({"BLOCK_C": _SUM_COLUMNS}, num_warps=4)], key=[])(fn)
+
+    kernel = build.cached(("segment_sum", acc, order is not None), make)
+    pointers = [Z, offsets] + ([order] if order is not None else []) + [out]
+    launch.launch(kernel, lambda meta: (rows, triton.cdiv(Z.shape[1], meta["BLOCK_C"])), pointers,
+                  [Z.shape[1], Z.stride(0), out.stride(0)], device=Z.device, traceable=traceable,
+                  small=Z.numel() < _INT32_LIMIT)
+    return out
 
 
 def is_available() -> bool:

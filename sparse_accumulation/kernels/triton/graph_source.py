@@ -10,12 +10,12 @@ slot "out" from X1, X2 and W; the gradient of X1 is the output slot "X1" from th
 A program handles a ``[BLOCK_R, BLOCK_B]`` tile: ``BLOCK_R`` grid rows and every channel (``BLOCK_B`` the
 channel count rounded up to a power of two). Grid rows are
 
-* edges, when no output is reduced by segments: each output is written per edge (``"edge"``) or added
-  atomically at its row ``I[e]`` (``"atomic"``);
-* segments (``"segment"`` outputs): the rows of the output, each the sum over its edges, found through
-  offsets ``OFFSETS[r] .. OFFSETS[r + 1]`` into the edges in the order ``ORDER`` (the edges sorted by the
-  output's row index; absent when already sorted). A program loops over the edges of its rows in that fixed
-  order and writes each output row once: deterministic, no atomics. Outputs written per edge may ride along.
+* edges: each output is written per edge (``"edge"``) or added atomically at its row ``I[e]`` (``"atomic"``);
+* segments: the rows of one index (the grid index), whose edges are ``OFFSETS[r] .. OFFSETS[r + 1]`` in the
+  order ``ORDER`` (the edges sorted by that index; absent when already sorted). A program loops over the edges
+  of its rows in that fixed order. Outputs gathered by the grid index (``"segment"``) are summed in registers
+  and each row written once: deterministic, no atomics; outputs per edge ride along; operands gathered by the
+  grid index (``hoisted``) are read once per row, before the loop.
 
 Columns are loaded one at a time (component ``m`` of channel ``b`` at ``base[m] + b * step[m]`` of the row, a
 ``[BLOCK_R, 1]`` load when every channel shares it), and every output column is summed in registers with the
@@ -26,6 +26,8 @@ Like :mod:`.source`, the code calls only triton builtins and local combine funct
 from __future__ import annotations
 
 from typing import NamedTuple
+
+import numpy as np
 
 from ...channel_rules import ONE, SLOTS
 from .source import Code, factored_sum, next_pow2
@@ -39,19 +41,18 @@ class Spec(NamedTuple):
     """What a generated graph kernel is made for (its identity, with the channel rule and the dtypes).
 
     ``gathered``: per slot (X1, X2, W, out), whether its rows are gathered through an index array (for an
-    output in mode "atomic": the rows it adds to); ``outputs``: ``(slot, mode)`` pairs; ``ordered``: segment
-    edges are visited through ``ORDER``; ``idx64``: offsets need 64 bits; ``acc``: the accumulation dtype
-    (``"tl.float32"`` or ``"tl.float64"``)."""
+    output in mode "atomic": the rows it adds to); ``outputs``: ``(slot, mode)`` pairs; ``segmented``: the grid
+    rows are segments; ``hoisted``: per slot, whether its rows are the grid rows (gathered by the grid index);
+    ``ordered``: segment edges are visited through ``ORDER``; ``idx64``: offsets need 64 bits; ``acc``: the
+    accumulation dtype (``"tl.float32"`` or ``"tl.float64"``)."""
 
     gathered: tuple
     outputs: tuple
+    segmented: bool
+    hoisted: tuple
     ordered: bool
     idx64: bool
     acc: str
-
-    @property
-    def segmented(self) -> bool:
-        return any(mode == SEGMENT for _, mode in self.outputs)
 
     @property
     def output_slots(self) -> tuple:
@@ -69,9 +70,10 @@ def operand_slots(crule, spec: Spec) -> tuple:
 
 
 def index_slots(crule, spec: Spec) -> tuple:
-    """Slots whose index array is a kernel parameter: gathered operands and atomic outputs."""
+    """Slots whose index array is a kernel parameter: gathered operands (but hoisted ones) and atomic outputs."""
     atomic = {slot for slot, mode in spec.outputs if mode == ATOMIC}
-    return tuple(s for s in range(4) if spec.gathered[s] and (s in operand_slots(crule, spec) or s in atomic))
+    operands = [s for s in operand_slots(crule, spec) if not spec.hoisted[s]]
+    return tuple(s for s in range(4) if spec.gathered[s] and (s in operands or s in atomic))
 
 
 def parameters(crule, spec: Spec) -> tuple:
@@ -79,7 +81,8 @@ def parameters(crule, spec: Spec) -> tuple:
 
     Pointers: ``T<slot>`` per operand, ``I<slot>`` per index array, ``OFFSETS`` (and ``ORDER``) with segment
     outputs, ``C``, ``D<slot>`` per output. Ints: ``R`` (grid rows), ``S<slot>`` (row stride) per operand,
-    ``SD<slot>`` per output, ``N<slot>`` (row count) per index array, ``R_BUCKET`` (the autotuning key)."""
+    ``SD<slot>`` per output, ``N<slot>`` (row count) per index array, ``CZ`` (0, see :func:`_coefficients`),
+    ``R_BUCKET`` (the autotuning key)."""
     operands = operand_slots(crule, spec)
     indices = index_slots(crule, spec)
     pointers = [f"T{s}" for s in operands] + [f"I{s}" for s in indices]
@@ -87,7 +90,7 @@ def parameters(crule, spec: Spec) -> tuple:
         pointers += ["OFFSETS"] + (["ORDER"] if spec.ordered else [])
     pointers += ["C"] + [f"D{s}" for s in spec.output_slots]
     ints = ["R"] + [f"S{s}" for s in operands] + [f"SD{s}" for s in spec.output_slots] + [f"N{s}" for s in indices]
-    return pointers, ints + ["R_BUCKET"]
+    return pointers, ints + ["CZ", "R_BUCKET"]
 
 
 def _terms(crule, output_slot: int) -> dict:
@@ -106,10 +109,14 @@ def _terms(crule, output_slot: int) -> dict:
 
 
 def _emit_row_bases(code: Code, crule, spec: Spec, operands, edge: str, mask: str, cast: str) -> dict:
-    """Row pointers and masks of the operands for edge vector ``edge``; returns ``{slot: mask name}``."""
+    """Row pointers and masks of the operands for edge vector ``edge`` (for hoisted operands: of the grid
+    rows); returns ``{slot: mask name}``."""
     masks = {}
     for s in operands:
-        if spec.gathered[s]:
+        if spec.hoisted[s]:
+            code(f"t{s} = T{s} + rows * S{s}")
+            masks[s] = "rmask"
+        elif spec.gathered[s]:
             code(f"r{s} = tl.load(I{s} + {edge}, mask={mask}, other=0){cast}")
             code(f"m{s} = {mask} & (r{s} >= 0) & (r{s} < N{s})")
             code(f"t{s} = T{s} + r{s} * S{s}")
@@ -128,9 +135,14 @@ class Column(NamedTuple):
     shared: bool
 
 
-def _emit_loads(code: Code, crule, terms_by_output, masks, acc: str) -> dict:
-    """Load every column some output needs; returns ``{(slot, component): Column}``."""
-    needed = sorted({f for groups in terms_by_output for terms in groups.values() for _, fs in terms for f in fs})
+def _needed(terms_by_output, slots) -> list:
+    """The ``(slot, component)`` columns of ``slots`` that some output's terms read."""
+    return sorted({f for groups in terms_by_output for terms in groups.values() for _, fs in terms for f in fs
+                   if f[0] in slots})
+
+
+def _emit_loads(code: Code, crule, needed, masks, acc: str) -> dict:
+    """Load the ``needed`` columns; returns ``{(slot, component): Column}``."""
     columns = {}
     for s, m in needed:
         column_map = crule.maps[s]
@@ -140,19 +152,18 @@ def _emit_loads(code: Code, crule, terms_by_output, masks, acc: str) -> dict:
             columns[(s, m)] = Column("one", True)
         elif step == 0:
             code(f"{var} = tl.load(t{s} + {base}, mask={masks[s]}, other=0.0).to({acc})")
-            columns[(s, m)] = Column(f"{var}[:, None]", True)
+            columns[(s, m)] = Column(var, True)
         else:
-            code(f"{var} = tl.load(t{s}[:, None] + ({base} + ch * {step}), mask={masks[s]}[:, None] & cmask, "
-                 f"other=0.0).to({acc})")
+            code(f"{var} = tl.load(t{s} + ({base} + ch * {step}), mask={masks[s]} & cmask, other=0.0).to({acc})")
             columns[(s, m)] = Column(var, False)
     return columns
 
 
-def _sum_expression(terms, columns, acc: str, full: bool) -> str:
+def _sum_expression(terms, columns, acc: str, full: bool, coefficient) -> str:
     """The sum of an output column's terms; ``full``: as a ``[BLOCK_R, BLOCK_B]`` tile even where every
     factor is shared by the channels (a ``[BLOCK_R, 1]`` value otherwise)."""
     named = [(k, tuple(columns[f].name for f in factors)) for k, factors in terms]
-    expression = factored_sum(named, acc)
+    expression = factored_sum(named, acc, coefficient)
     shared = all(columns[f].shared for _, factors in terms for f in factors)
     return f"({expression}) + zero" if full and shared else expression
 
@@ -163,14 +174,24 @@ def _emit_store(code: Code, target: str, value: str, step: int, base: int, mask:
     its sum over the channels."""
     if step == 0:
         value = f"tl.where(cmask, {value}, 0.0)" if padded else value
-        value = f"tl.reduce({value}, 1, _add)"
+        value = f"tl.reduce({value}, 1, _add, keep_dims=True)"
         address, full_mask = f"{target} + {base}", mask
     else:
-        address, full_mask = f"{target}[:, None] + ({base} + ch * {step})", f"{mask}[:, None] & cmask"
+        address, full_mask = f"{target} + ({base} + ch * {step})", f"{mask} & cmask"
     if atomic:
         code(f"tl.atomic_add({address}, ({value}).to({out_ty}), mask={full_mask})")
     else:
         code(f"tl.store({address}, ({value}).to({out_ty}), mask={full_mask})")
+
+
+def _coefficients(crule, acc: str):
+    """``k -> expression of C[k]``: the constant coefficients compiled in (float32 kernels of a rule that has
+    them), else a load from ``C`` at ``k + cz``, which in the segment loop is ``t * CZ`` with ``CZ = 0`` at
+    run time: the address depends on the loop, so the compiler keeps the loads in it instead of holding every
+    coefficient in a register across it."""
+    if crule.coefficients is not None and acc == "tl.float32":
+        return lambda k: repr(float(np.float32(crule.coefficients[k])))
+    return lambda k: f"tl.load(C + ({k} + cz)).to({acc})"
 
 
 def kernel_source(name: str, crule, spec: Spec) -> tuple:
@@ -191,23 +212,30 @@ def kernel_source(name: str, crule, spec: Spec) -> tuple:
     code(f"# graph kernel of a channel rule with nnz={crule.rule.nnz}, {B} channels; outputs {slots}; "
          f"gathered {spec.gathered}", 0)
     code(f"def {name}({', '.join(pointers + ints)}, BLOCK_R: tl.constexpr):", 0)
+    # every per-row value is a [BLOCK_R, 1] tile, so that row and channel tiles share one layout (triton 3.6
+    # fails to convert between a 1-D row vector's layouts inside the segment loop)
     code("pid = tl.program_id(0)")
-    code(f"rows = pid{cast} * BLOCK_R + tl.arange(0, BLOCK_R)")
+    code(f"rows = pid{cast} * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]")
     code("rmask = rows < R")
     code(f"ch = tl.arange(0, {BB})[None, :]")
     code(f"cmask = ch < {B}")
     code(f"zero = tl.full([BLOCK_R, {BB}], 0, dtype={acc})")
     code("one = 1.0")
 
-    def emit_edge_body(body: Code, edge: str, mask: str) -> None:
-        masks = _emit_row_bases(body, crule, spec, operands, edge, mask, cast)
-        columns = _emit_loads(body, crule, [groups[s] for s in spec.output_slots], masks, acc)
+    hoisted = [s for s in operands if spec.hoisted[s]]
+    per_edge = [s for s in operands if not spec.hoisted[s]]
+    terms = [groups[s] for s in spec.output_slots]
+    coefficient = _coefficients(crule, acc)
+
+    def emit_edge_body(body: Code, edge: str, mask: str, columns: dict) -> None:
+        masks = _emit_row_bases(body, crule, spec, per_edge, edge, mask, cast)
+        columns = {**columns, **_emit_loads(body, crule, _needed(terms, per_edge), masks, acc)}
         for slot, mode in spec.outputs:
             out_map = crule.maps[slot]
             out_ty = f"D{slot}.dtype.element_ty"
             if mode == SEGMENT:
-                for m, terms in sorted(groups[slot].items()):
-                    body(f"a{slot}_{m} += {_sum_expression(terms, columns, acc, False)}")
+                for m, group in sorted(groups[slot].items()):
+                    body(f"a{slot}_{m} += {_sum_expression(group, columns, acc, False, coefficient)}")
                 continue
             if mode == EDGE:
                 body(f"d{slot} = D{slot} + {edge}{cast} * SD{slot}")
@@ -217,17 +245,20 @@ def kernel_source(name: str, crule, spec: Spec) -> tuple:
                 body(f"d{slot} = D{slot} + o{slot} * SD{slot}")
                 body(f"w{slot} = {mask} & (o{slot} >= 0) & (o{slot} < N{slot})")
                 out_mask = f"w{slot}"
-            for m, terms in sorted(groups[slot].items()):
-                _emit_store(body, f"d{slot}", _sum_expression(terms, columns, acc, True), out_map.step[m],
+            for m, group in sorted(groups[slot].items()):
+                _emit_store(body, f"d{slot}", _sum_expression(group, columns, acc, True, coefficient), out_map.step[m],
                             out_map.base[m], out_mask, out_ty, mode == ATOMIC, BB != B)
 
     if not spec.segmented:
-        emit_edge_body(code, "rows", "rmask")
+        code("cz = 0")
+        emit_edge_body(code, "rows", "rmask", {})
         return code.text(), pointers, ints
 
     code("start = tl.load(OFFSETS + rows, mask=rmask, other=0)")
     code("count = tl.load(OFFSETS + rows + 1, mask=rmask, other=0) - start")
-    code("steps = tl.reduce(count, 0, _max)")
+    code("steps = tl.reduce(tl.reduce(count, 1, _max), 0, _max)")
+    hoisted_columns = _emit_loads(code, crule, _needed(terms, hoisted),
+                                  _emit_row_bases(code, crule, spec, hoisted, "rows", "rmask", cast), acc)
     segment_slots = [slot for slot, mode in spec.outputs if mode == SEGMENT]
     for slot in segment_slots:
         for m in sorted(groups[slot]):
@@ -235,11 +266,12 @@ def kernel_source(name: str, crule, spec: Spec) -> tuple:
     code("for t in range(0, steps):")
     body = Code(base=2)
     body("emask = rmask & (t < count)")
+    body("cz = t * CZ")
     if spec.ordered:
         body(f"edge = tl.load(ORDER + start + t, mask=emask, other=0){cast}")
     else:
         body(f"edge = (start + t){cast}")
-    emit_edge_body(body, "edge", "emask")
+    emit_edge_body(body, "edge", "emask", hoisted_columns)
     code.extend(body)
     for slot in segment_slots:
         out_map = crule.maps[slot]
@@ -248,3 +280,27 @@ def kernel_source(name: str, crule, spec: Spec) -> tuple:
             _emit_store(code, f"d{slot}", f"a{slot}_{m}", out_map.step[m], out_map.base[m], "rmask",
                         f"D{slot}.dtype.element_ty", False, BB != B)
     return code.text(), pointers, ints
+
+
+def segment_sum_source(name: str, acc: str, ordered: bool) -> str:
+    """Source of a kernel that sums rows: ``OUT[r, :] = sum of Z[e, :]`` over the edges ``e`` of segment ``r``
+    (``ORDER[OFFSETS[r] .. OFFSETS[r + 1]]``, or those positions themselves without ``ORDER``), in that order;
+    program ``(r, c)`` does columns ``c * BLOCK_C ..`` of row ``r``."""
+    edge = "tl.load(ORDER + p)" if ordered else "p"
+    order = " ORDER," if ordered else ""
+    return f"""import triton
+import triton.language as tl
+
+
+def {name}(Z, OFFSETS,{order} OUT, WIDTH, SZ, SO, BLOCK_C: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < WIDTH
+    start = tl.load(OFFSETS + row)
+    end = tl.load(OFFSETS + row + 1)
+    total = tl.full([BLOCK_C], 0, dtype={acc})
+    for p in range(start, end):
+        e = {edge}
+        total += tl.load(Z + e * SZ + cols, mask=cmask, other=0.0).to({acc})
+    tl.store(OUT + row.to(tl.int64) * SO + cols, total.to(OUT.dtype.element_ty), mask=cmask)
+"""

@@ -207,12 +207,13 @@ def emit_column_loads(code: Code, operand: Operand, unit: bool, used, strategy: 
     return names
 
 
-def factored_sum(terms, acc: str) -> str:
+def factored_sum(terms, acc: str, coefficient=None) -> str:
     """An expression for ``sum over terms (k, factors) of prod(factors) * C[k]`` that takes out, recursively,
     the factor position with the fewest distinct vectors: ``x * (y1 * C[k1] + y2 * C[k2])`` costs one
-    multiply-add per nonzero plus one per distinct factor instead of one per factor and nonzero."""
+    multiply-add per nonzero plus one per distinct factor instead of one per factor and nonzero.
+    ``coefficient(k)``: the expression of ``C[k]`` (default: a load from ``C``)."""
     if not terms[0][1]:
-        return " + ".join(f"tl.load(C + {k}).to({acc})" for k, _ in terms)
+        return " + ".join(coefficient(k) if coefficient else f"tl.load(C + {k}).to({acc})" for k, _ in terms)
     width = len(terms[0][1])
     position = min(range(width), key=lambda p: (len({f[p] for _, f in terms}), p))
     groups = {}
@@ -221,7 +222,7 @@ def factored_sum(terms, acc: str) -> str:
         groups.setdefault(factors[position], []).append((k, rest))
     parts = []
     for vector, group in groups.items():
-        inner = factored_sum(group, acc)
+        inner = factored_sum(group, acc, coefficient)
         parts.append(f"{vector} * ({inner})" if " + " in inner else f"{vector} * {inner}")
     return " + ".join(parts)
 
