@@ -119,7 +119,6 @@ def _accumulate_graph(X1, X2, W, C, rule, implementation, indices, size_out, red
     """:func:`accumulate_rule` with row indices: operands ``[rows, *channels, M]`` as the 2-D operands of a
     channel rule whose channels are the broadcast channel shape (an operand of all-one channel dimensions is
     shared by every channel)."""
-    from .channel_rules import ChannelRule
     from .graph import accumulate_graph
 
     operands = (X1, X2) if W is None else (X1, X2, W)
@@ -145,11 +144,19 @@ def _accumulate_graph(X1, X2, W, C, rule, implementation, indices, size_out, red
         return t.reshape(t.shape[0], width), 1 if shared else channels
 
     flat = [rows(t) for t in operands]
-    crule = ChannelRule.regular(rule, channels, [f[1] for f in flat] + [1] * (3 - len(flat)) + [channels])
+    crule = _regular_key(rule.key, channels, tuple(f[1] for f in flat) + (1,) * (3 - len(flat)) + (channels,))
     out = accumulate_graph(crule, flat[0][0], flat[1][0], C, flat[2][0] if W is not None else None,
                            indices_1=indices[0], indices_2=indices[1], indices_w=indices[2], indices_out=indices[3],
                            size_out=size_out, implementation=implementation, reduction=reduction)
     return out.view(out.shape[0], *channel_shape, rule.output_size)
+
+
+@torch.compiler.assume_constant_result
+def _regular_key(rule_key: str, channels: int, operand_channels: tuple) -> str:
+    """The key of the channel rule of contiguous ``[rows, B_i, M]`` operands (a constant while compiling)."""
+    from .channel_rules import ChannelRule
+
+    return ChannelRule.regular(Rule.from_key(rule_key), channels, operand_channels).key
 
 
 def _run(X1, X2, W, C, rule, implementation):

@@ -195,18 +195,27 @@ def _edge_count(given, operands) -> int:
     return max((t.shape[0] for t in operands if t is not None), default=0)
 
 
-def accumulate_graph(crule: ChannelRule, X1, X2, C, W=None, *, indices_1=None, indices_2=None, indices_w=None,
+@torch.compiler.assume_constant_result
+def _facts(key: str) -> tuple:
+    """``(weighted, nnz, widths of X1, X2, W, out)`` of the channel rule of ``key`` (a constant while
+    ``torch.compile`` traces: the rule itself is never traced)."""
+    crule = ChannelRule.from_key(key)
+    return crule.weighted, crule.rule.nnz, tuple(m.width if m is not None else 0 for m in crule.maps)
+
+
+def accumulate_graph(crule, X1, X2, C, W=None, *, indices_1=None, indices_2=None, indices_w=None,
                      indices_out=None, size_out: Optional[int] = None, implementation=None,
                      reduction: Optional[str] = None) -> torch.Tensor:
     """Message passing under a channel rule: ``out[indices_out[e]] += rule(X1[indices_1[e]], X2[indices_2[e]],
     W[indices_w[e]])`` for every edge, fused (nothing per edge is materialised).
 
     Args:
-        crule: the :class:`~sparse_accumulation.channel_rules.ChannelRule` (rule, channels, column maps).
+        crule: the :class:`~sparse_accumulation.channel_rules.ChannelRule` (rule, channels, column maps), or
+            its key.
         X1, X2, W: ``[rows, width]`` floating tensors of one dtype and device (W for weighted rules only), widths
             as the rule's maps say; an operand without index has one row per edge, or one row that every edge
             reads.
-        C: coefficients, ``[crule.rule.nnz]``, of the operands' dtype.
+        C: coefficients, one per nonzero of the rule, of the operands' dtype.
         indices_1, indices_2, indices_w: the row of X1 / X2 / W each edge reads (1-D integer tensors of one
             length, the number of edges, or :class:`Index` objects), None: the edge's own row.
         indices_out: the output row each edge adds to (or None: one output row per edge).
@@ -217,7 +226,7 @@ def accumulate_graph(crule: ChannelRule, X1, X2, C, W=None, *, indices_1=None, i
             operands.
 
     Returns:
-        ``[size_out (or edges), crule.maps[3].width]`` tensor of the operands' dtype; differentiable with
+        ``[size_out (or edges), width of the output map]`` tensor of the operands' dtype; differentiable with
         respect to X1, X2, W and C to any order.
 
     Raises:
@@ -226,19 +235,21 @@ def accumulate_graph(crule: ChannelRule, X1, X2, C, W=None, *, indices_1=None, i
             W given for a rule without weights or missing for a weighted one, unknown reduction.
         IndexError: an index value out of range (eager mode; read once per index tensor).
     """
-    if not isinstance(crule, ChannelRule):
-        raise TypeError(f"crule must be a ChannelRule, got {type(crule).__name__}")
+    if isinstance(crule, ChannelRule):
+        crule = crule.key
+    if not isinstance(crule, str):
+        raise TypeError(f"crule must be a ChannelRule or its key, got {type(crule).__name__}")
+    weighted, nnz, widths = _facts(crule)
     reduction = graph_ops.SEGMENT if reduction is None else reduction
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if crule.weighted != (W is not None):
-        raise ValueError("W is required for a weighted rule" if crule.weighted
-                         else "W was given but the rule has no weights")
+    if weighted != (W is not None):
+        raise ValueError("W is required for a weighted rule" if weighted else "W was given but the rule has no weights")
     operands = [X1, X2, W]
     for s, name in enumerate(_OPERAND_NAMES):
         if operands[s] is not None:
-            _check_operand(name, operands[s], crule.maps[s].width, X1 if s else None)
-    _check_coefficients(C, crule.rule.nnz, X1)
+            _check_operand(name, operands[s], widths[s], X1 if s else None)
+    _check_coefficients(C, nnz, X1)
     given = (indices_1, indices_2, indices_w, indices_out)
     if indices_out is not None and size_out is None:
         raise ValueError("size_out is required with indices_out")
@@ -266,5 +277,5 @@ def accumulate_graph(crule: ChannelRule, X1, X2, C, W=None, *, indices_1=None, i
     C = C if C.is_contiguous() else C.contiguous()
     name = backends.get_default_implementation() if implementation is None else implementation
     backends.resolved(name, device)  # unknown or unavailable names raise here
-    return graph_ops.graph_accumulate(*tensors, None, C, indices, offsets, orders, crule.key, [3], rows, edges,
-                                      name, reduction)[0]
+    return graph_ops.accumulate(*tensors, None, C, indices, offsets, orders, crule, [3], rows, edges, name,
+                                reduction)[0]

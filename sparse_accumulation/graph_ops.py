@@ -27,7 +27,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from . import backends
+from . import backends, eager
 from .channel_rules import ChannelRule
 
 _NAMESPACE = "sparse_accumulation"
@@ -185,6 +185,10 @@ def graph_accumulate(X1: Optional[Tensor], X2: Optional[Tensor], W: Optional[Ten
 def graph_coefficient_sums(X1: Optional[Tensor], X2: Optional[Tensor], W: Optional[Tensor], T: Tensor,
                            indices: List[Optional[Tensor]], crule: str, edges: int, implementation: str) -> Tensor:
     """Per nonzero, the sum over edges and channels of the product of the four slots (see the module)."""
+    return _coefficient_sums(X1, X2, W, T, indices, crule, edges)
+
+
+def _coefficient_sums(X1, X2, W, T, indices, crule, edges):
     from .kernels import graph as reference
 
     tensors = [_kernel_operand(t, indices[s] is None, edges) for s, t in enumerate((X1, X2, W, T))]
@@ -218,6 +222,53 @@ def _restore(ctx):
     return tensors, C, indices, offsets, orders
 
 
+def _replaced(tensors, slot, value):
+    result = list(tensors)
+    result[slot] = value
+    return result
+
+
+def _accumulate_gradients(ctx, grads, accumulate, sums):
+    """``(dX1, dX2, dW, dT, dC)`` of an accumulation: the gradient of output ``j`` reaches the tensor of slot
+    ``s`` as the accumulation with that gradient in slot ``j`` and output slot ``s``, and C as the coefficient
+    sums with it in slot ``j``; ``accumulate`` and ``sums`` are the (differentiable) ops to call."""
+    tensors, C, indices, offsets, orders = _restore(ctx)
+    crule, outputs, rows, edges, implementation, reduction = ctx.args
+    result = [None] * 4
+    dC = None
+    for j, g in zip(outputs, grads):
+        if g is None:
+            continue
+        inputs = _replaced(tensors, j, g)
+        targets = [s for s in range(4) if ctx.wanted[s] and s != j]
+        if targets:
+            parts = accumulate(*inputs, C, indices, offsets, orders, crule, targets, rows, edges, implementation,
+                               reduction)
+            for s, part in zip(targets, parts):
+                result[s] = part if result[s] is None else result[s] + part
+        if ctx.c_wanted:
+            part = sums(*inputs, indices, crule, edges, implementation)
+            dC = part if dC is None else dC + part
+    return (*result, dC)
+
+
+def _sum_gradients(ctx, grad, accumulate):
+    """The gradients of the four tensors of the coefficient sums: the accumulation with ``grad`` as the
+    coefficients, into every slot that wants one."""
+    tensors, _, indices, offsets, orders = _restore(ctx)
+    crule, edges, implementation = ctx.args
+    targets = [s for s in range(4) if ctx.wanted[s]]
+    result = [None] * 4
+    if targets:
+        rows = [t.shape[0] if t is not None else 0 for t in tensors]
+        data_rule = ChannelRule.from_key(crule).with_data_coefficients().key  # the coefficients are `grad` here
+        parts = accumulate(*tensors, grad, indices, offsets, orders, data_rule, targets, rows, edges,
+                           implementation, SEGMENT)
+        for s, part in zip(targets, parts):
+            result[s] = part
+    return result
+
+
 def _setup_accumulate(ctx, inputs, output):
     X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation, reduction = inputs
     ctx.set_materialize_grads(False)  # an output nothing depends on gets no gradient (not a tensor of zeros)
@@ -231,32 +282,10 @@ def _no_gradient(values: list):
     return [None] * len(values) if all(isinstance(v, Tensor) for v in values) else None
 
 
-def _replaced(tensors, slot, value):
-    result = list(tensors)
-    result[slot] = value
-    return result
-
-
 def _accumulate_grad(ctx, grads):
-    tensors, C, indices, offsets, orders = _restore(ctx)
-    crule, outputs, rows, edges, implementation, reduction = ctx.args
-    result = [None] * 4
-    dC = None
-    for j, g in zip(outputs, grads):
-        if g is None:
-            continue
-        inputs = _replaced(tensors, j, g)
-        targets = [s for s in range(4) if ctx.wanted[s] and s != j]
-        if targets:
-            parts = graph_accumulate(*inputs, C, indices, offsets, orders, crule, targets, rows, edges,
-                                     implementation, reduction)
-            for s, part in zip(targets, parts):
-                result[s] = part if result[s] is None else result[s] + part
-        if ctx.c_wanted:
-            part = graph_coefficient_sums(*inputs, indices, crule, edges, implementation)
-            dC = part if dC is None else dC + part
+    tensors, _, indices, offsets, orders = _restore(ctx)
     lists = tuple(_no_gradient(v) for v in (indices, offsets, orders))
-    return (*result, dC, *lists) + (None,) * 6
+    return _accumulate_gradients(ctx, grads, graph_accumulate, graph_coefficient_sums) + lists + (None,) * 6
 
 
 graph_accumulate.register_autograd(_accumulate_grad, setup_context=_setup_accumulate)
@@ -269,18 +298,56 @@ def _setup_sums(ctx, inputs, output):
 
 
 def _sums_grad(ctx, grad):
-    tensors, _, indices, offsets, orders = _restore(ctx)
-    crule, edges, implementation = ctx.args
-    targets = [s for s in range(4) if ctx.wanted[s]]
-    result = [None] * 4
-    if targets:
-        rows = [t.shape[0] if t is not None else 0 for t in tensors]
-        data_rule = ChannelRule.from_key(crule).with_data_coefficients().key  # the coefficients are `grad` here
-        parts = graph_accumulate(*tensors, grad, indices, offsets, orders, data_rule, targets, rows, edges,
-                                 implementation, SEGMENT)
-        for s, part in zip(targets, parts):
-            result[s] = part
-    return (*result, _no_gradient(indices)) + (None,) * 3
+    indices = _restore(ctx)[2]
+    return (*_sum_gradients(ctx, grad, graph_accumulate), _no_gradient(indices)) + (None,) * 3
 
 
 graph_coefficient_sums.register_autograd(_sums_grad, setup_context=_setup_sums)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the eager path: the same kernels and gradients without the dispatcher (its argument handling costs
+# hundreds of microseconds per call of these many-argument ops)
+
+
+class _EagerAccumulate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation,
+                reduction):
+        ctx.set_materialize_grads(False)
+        _save(ctx, (X1, X2, W, T), C, indices, offsets, orders)
+        ctx.args = (crule, list(outputs), list(rows), edges, implementation, reduction)
+        kernels = _resolved_kernels(implementation, C.device)
+        return tuple(_run(kernels, [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows, edges,
+                          reduction, False))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _accumulate_gradients(ctx, grads, _eager_accumulate, _EagerSums.apply) + (None,) * 9
+
+
+def _eager_accumulate(*args):
+    return _EagerAccumulate.apply(*args)
+
+
+class _EagerSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X1, X2, W, T, indices, crule, edges, implementation):
+        _save(ctx, (X1, X2, W, T), None, indices, [None] * 4, [None] * 4)
+        ctx.args = (crule, edges, implementation)
+        return _coefficient_sums(X1, X2, W, T, indices, crule, edges)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*_sum_gradients(ctx, grad, _eager_accumulate),) + (None,) * 4
+
+
+def accumulate(X1, X2, W, T, C, indices, offsets, orders, crule: str, outputs, rows, edges: int,
+               implementation: str, reduction: str) -> list:
+    """:func:`graph_accumulate` through the eager path where it applies (plain tensors, no compile, mode or
+    transform), else through the registered op."""
+    if eager.applies(X1, X2, W, T, C):
+        return list(_EagerAccumulate.apply(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                                           implementation, reduction))
+    return graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                            implementation, reduction)

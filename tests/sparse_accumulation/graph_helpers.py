@@ -33,5 +33,5 @@ def reference(X1, X2, W, C, rule, indices, size_out):
     per_edge = sa.accumulate_rule(gathered[0], gathered[1], rule, C.double(), implementation="loops", **extra)
     if indices[3] is None:
         return per_edge
-    out = torch.zeros(size_out, *per_edge.shape[1:], dtype=per_edge.dtype)
+    out = torch.zeros(size_out, *per_edge.shape[1:], dtype=per_edge.dtype, device=per_edge.device)
     return out.index_add(0, indices[3], per_edge)

@@ -159,3 +159,42 @@ def test_channel_rule_api_errors():
         accumulate_graph(crule, X1, X2, C, W, indices_1=torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match="one row per edge \\(5\\), got size_out=4"):
         accumulate_graph(crule, X1, X2, C.float(), W, indices_1=torch.zeros(5, dtype=torch.long), size_out=4)
+
+
+def test_index_on_another_device_is_refused(generator):
+    X1, X2, W, C, rule, (src, _, _, dst), _ = _case(generator, torch.float64, 4, "1o", False)
+    with pytest.raises(ValueError, match="indices_1 is on meta but the operands are on cpu"):
+        sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src.to("meta"), indices_out=dst, size_out=7)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_registered_ops_pass_opcheck(generator, implementation):
+    from sparse_accumulation import graph_ops
+
+    X1, X2, W, C, rule, (src, _, _, dst), _ = _case(generator, torch.float64, 2, "1o", False, nodes=4, edges=9)
+    crule = sa.ChannelRule.regular(rule, 2, (2, 1, 2, 2))
+    operands = [X1.reshape(4, -1).requires_grad_(), X2.reshape(9, -1).requires_grad_(),
+                W.reshape(9, -1).requires_grad_(), None]
+    args = (*operands, C.requires_grad_(), [src, None, None, dst], [None] * 4, [None] * 4, crule.key, [3],
+            [4, 9, 9, 4], 9, implementation, "segment")
+    torch.library.opcheck(graph_ops.graph_accumulate, args)
+    sums = (*operands[:3], torch.randn(4, crule.maps[3].width, generator=generator, dtype=torch.float64),
+            [src, None, None, dst], crule.key, 9, implementation)
+    torch.library.opcheck(graph_ops.graph_coefficient_sums, sums)
+
+
+def test_compiled_calls_match_eager(generator):
+    X1, X2, W, C, rule, indices, size_out = _case(generator, torch.float64, 4, "1o", False)
+
+    def f(a, b, w):
+        return _call(a, b, w, C, rule, indices, size_out, "numba")
+
+    torch.compiler.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    inputs = [t.clone().requires_grad_() for t in (X1, X2, W)]
+    ours, theirs = compiled(*inputs), f(X1, X2, W)
+    assert torch.equal(ours, theirs)
+    G = torch.randn(ours.shape, generator=generator, dtype=torch.float64)
+    eager_inputs = [t.clone().requires_grad_() for t in (X1, X2, W)]
+    for a, b in zip(torch.autograd.grad(ours, inputs, G), torch.autograd.grad(f(*eager_inputs), eager_inputs, G)):
+        assert torch.equal(a, b)
