@@ -19,6 +19,8 @@ EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementation
                   "benchmarks.rst",
                   pytest.param("coming_from_e3nn.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
+                  pytest.param("message_passing.rst", marks=pytest.mark.skipif(
+                      importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   pytest.param("hippynn.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("hippynn") is None, reason="the page's last example needs hippynn"))]
 
