@@ -1,8 +1,9 @@
-"""Command line: ``sparse-accumulation {bench,check,tables}`` (also ``python -m sparse_accumulation``).
+"""Command line: ``sparse-accumulation {bench,check,tables,warmup}`` (also ``python -m sparse_accumulation``).
 
 * ``bench``: check, then time, the implementations on real CG rules (see :mod:`sparse_accumulation.bench`);
 * ``check``: self-test of the installed kernels against float64 references;
-* ``tables``: precomputed CG tables, the same as ``python -m cg tables``.
+* ``tables``: precomputed CG tables, the same as ``python -m cg tables``;
+* ``warmup``: compile every CPU kernel into numba's disk cache ahead of time (:mod:`sparse_accumulation.warmup`).
 
 Exit status: 0 on success, 1 when an implementation gives wrong results or raises when called, 2 on a usage
 error (one line on stderr, no traceback). A timing that cannot run (a compile error) is reported as FAILED in
@@ -39,7 +40,7 @@ def _build_parser() -> _Parser:
 
     parser = _Parser(prog=PROG, description="Sparse accumulation for Clebsch-Gordan products: benchmarks, "
                                             "self-test and coefficient tables.")
-    sub = parser.add_subparsers(dest="command", metavar="{bench,check,tables}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{bench,check,tables,warmup}", parser_class=_Parser)
 
     b = sub.add_parser("bench", help="check, then time, the implementations on real CG rules",
                        description="Check every implementation against a float64 index_add reference, then "
@@ -84,6 +85,15 @@ def _build_parser() -> _Parser:
                                                                           "(default: numba, triton, torch)")
     c.add_argument("--device", choices=("cpu", "cuda", "all"), default="all", help="default: all available")
     c.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    w = sub.add_parser("warmup", help="compile every CPU kernel ahead of time into numba's disk cache",
+                       description="Compile (or load) every numba kernel for the given dtypes, so that no later "
+                                   "process compiles: for images and clusters, run it with the NUMBA_CACHE_DIR "
+                                   "the jobs use.")
+    w.add_argument("--dtypes", type=_csv, default=["float32", "float64"], metavar="DTYPES",
+                   help="comma-separated: float32, float64, float16, bfloat16 (16-bit dtypes compute in "
+                        "float32; default: float32,float64)")
+    w.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     sub.add_parser("tables", help="compute CG coefficient tables (same as python -m cg tables; see "
                                   f"{PROG} tables --help)", add_help=False)
@@ -218,6 +228,25 @@ def _cmd_check(args, out, err) -> int:
     return 1 if failed else 0
 
 
+def _cmd_warmup(args, out, err) -> int:
+    import numba
+
+    from . import warmup
+
+    unknown = [d for d in args.dtypes if d not in warmup.DTYPES]
+    if unknown or not args.dtypes:
+        raise _UsageError(f"--dtypes: choose from {', '.join(warmup.DTYPES)}")
+    start = time.perf_counter()
+    try:
+        times = warmup.warmup(args.dtypes, progress=False if args.quiet else err)
+    except RuntimeError as error:
+        print(f"{PROG}: {error}", file=err)
+        return 1
+    where = numba.config.CACHE_DIR or "the __pycache__ folders of the installed package"
+    print(f"{len(times)} warm-up steps in {time.perf_counter() - start:.1f} s; kernels cached in {where}", file=out)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line interface.
 
@@ -237,9 +266,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = _build_parser().parse_args(argv)
         if args.command is None:
-            raise _UsageError("a command is required: bench, check or tables (see --help)")
+            raise _UsageError("a command is required: bench, check, tables or warmup (see --help)")
         if args.command == "bench":
             return _cmd_bench(args, argv, out, err)
+        if args.command == "warmup":
+            return _cmd_warmup(args, out, err)
         return _cmd_check(args, out, err)
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0

@@ -5,10 +5,12 @@ about one element per nanosecond, which for rows of 17 components cost more than
 :func:`transpose8` moves an 8 x 8 tile with eight vector loads, 24 shuffles and eight vector stores, written
 as LLVM IR that LLVM lowers to the machine's vector instructions (0.1 ns per float32 element on the AVX-512
 development machine, 3-4x faster). A row of ``M`` components is moved as ``M // 8`` whole tiles and one
-narrow tile for the other ``W = M % 8`` components (:func:`transpose_narrow`), whose 8-element vectors run
-past the end of the row: reads stay inside the buffer, and writes are ordered so that the rows after are
-written over the overrun afterwards (:func:`_tiled_rows` says how many rows that allows; the rest go one
-element at a time).
+narrow tile for the other ``W = M % 8`` components (:func:`narrow_to_columns`, :func:`narrow_to_rows`),
+whose 8-element vectors run past the end of the row: reads stay inside the buffer, and writes are ordered so
+that the rows after are written over the overrun afterwards (:func:`_tiled_rows` says how many rows that
+allows; the rest go one element at a time). ``W`` is a run-time value (a few predictable branches per tile),
+so one compiled mover serves every width: a constant width would compile the tile code once per width in
+every kernel that moves rows.
 """
 from __future__ import annotations
 
@@ -57,30 +59,23 @@ def _typed_arrays(source, target) -> bool:
             and source.layout == target.layout == "C" and source.dtype in (types.float32, types.float64))
 
 
-def _tile_codegen(reads: int, writes: int):
-    """Code of a tile transpose that loads ``reads`` vectors (the others are undefined) and stores the first
-    ``writes`` columns."""
-    def codegen(context, builder, signature, args):
-        kinds = signature.args
-        element = context.get_data_type(kinds[0].dtype)
-        vector = ir.VectorType(element, TILE)
-        align = context.get_abi_sizeof(element)
+def _address(context, builder, kinds, args, first, i):
+    """The vector pointer to ``array.flat[start + i * stride]`` for the arguments ``first .. first + 2``
+    (``i`` an LLVM integer or a Python int)."""
+    vector = ir.VectorType(context.get_data_type(kinds[first].dtype), TILE)
+    data = context.make_array(kinds[first])(context, builder, args[first]).data
+    start = context.cast(builder, args[first + 1], kinds[first + 1], types.intp)
+    stride = context.cast(builder, args[first + 2], kinds[first + 2], types.intp)
+    if isinstance(i, int):
+        i = ir.Constant(start.type, i)
+    offset = builder.add(start, builder.mul(stride, i))
+    return builder.bitcast(builder.gep(data, [offset]), vector.as_pointer())
 
-        def address(first, i):
-            data = context.make_array(kinds[first])(context, builder, args[first]).data
-            start = context.cast(builder, args[first + 1], kinds[first + 1], types.intp)
-            stride = context.cast(builder, args[first + 2], kinds[first + 2], types.intp)
-            offset = builder.add(start, builder.mul(stride, ir.Constant(start.type, i)))
-            return builder.bitcast(builder.gep(data, [offset]), vector.as_pointer())
 
-        if writes == 0:
-            return context.get_dummy_value()
-        rows = [builder.load(address(0, i), align=align) if i < reads else ir.Constant(vector, ir.Undefined)
-                for i in range(TILE)]
-        for j, column in enumerate(_transposed(builder, rows)[:writes]):
-            builder.store(column, address(3, j), align=align)
-        return context.get_dummy_value()
-    return codegen
+def _loaded(context, builder, kinds, args, rows) -> list:
+    """The eight source vectors, vector ``i`` from row ``rows[i]`` of the source."""
+    align = context.get_abi_sizeof(context.get_data_type(kinds[0].dtype))
+    return [builder.load(_address(context, builder, kinds, args, 0, row), align=align) for row in rows]
 
 
 @intrinsic
@@ -90,25 +85,62 @@ def transpose8(typingctx, source, source_start, source_stride, target, target_st
     dtype; no bounds checks)."""
     if not _typed_arrays(source, target):
         return None
-    return (types.void(source, source_start, source_stride, target, target_start, target_stride),
-            _tile_codegen(TILE, TILE))
+
+    def codegen(context, builder, signature, args):
+        kinds = signature.args
+        align = context.get_abi_sizeof(context.get_data_type(kinds[0].dtype))
+        for j, column in enumerate(_transposed(builder, _loaded(context, builder, kinds, args, range(TILE)))):
+            builder.store(column, _address(context, builder, kinds, args, 3, j), align=align)
+        return context.get_dummy_value()
+
+    return types.void(source, source_start, source_stride, target, target_start, target_stride), codegen
 
 
-@intrinsic(prefer_literal=True)
-def transpose_narrow(typingctx, source, source_start, source_stride, target, target_start, target_stride, width,
-                     to_rows):
-    """:func:`transpose8` for ``width`` (a literal below 8; 0 does nothing) components: rows to columns
-    (``to_rows`` false) reads 8 vectors of 8 elements and stores the first ``width`` columns; columns to rows
-    reads ``width`` vectors and stores all 8 rows, each with ``8 - width`` undefined elements at its end."""
-    if not (_typed_arrays(source, target) and isinstance(width, types.IntegerLiteral)
-            and isinstance(to_rows, types.BooleanLiteral) and 0 <= width.literal_value < TILE):
+def _narrow_signature(source, source_start, source_stride, target, target_start, target_stride, width):
+    if not (_typed_arrays(source, target) and isinstance(width, types.Integer)):
         return None
-    M = width.literal_value
-    reads, writes = (M, TILE) if to_rows.literal_value else (TILE, M)
-    if M == 0:
-        reads = writes = 0
-    return (types.void(source, source_start, source_stride, target, target_start, target_stride, width, to_rows),
-            _tile_codegen(reads, writes))
+    return types.void(source, source_start, source_stride, target, target_start, target_stride, width)
+
+
+@intrinsic
+def narrow_to_columns(typingctx, source, source_start, source_stride, target, target_start, target_stride,
+                      width):
+    """:func:`transpose8` that stores only the first ``width`` (1 to 7, a run-time value) columns: the narrow
+    tile of rows to columns."""
+    signature = _narrow_signature(source, source_start, source_stride, target, target_start, target_stride, width)
+
+    def codegen(context, builder, signature, args):
+        kinds = signature.args
+        align = context.get_abi_sizeof(context.get_data_type(kinds[0].dtype))
+        count = context.cast(builder, args[6], kinds[6], types.intp)
+        columns = _transposed(builder, _loaded(context, builder, kinds, args, range(TILE)))
+        for j, column in enumerate(columns[:TILE - 1]):
+            with builder.if_then(builder.icmp_signed(">", count, ir.Constant(count.type, j)), likely=True):
+                builder.store(column, _address(context, builder, kinds, args, 3, j), align=align)
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@intrinsic
+def narrow_to_rows(typingctx, source, source_start, source_stride, target, target_start, target_stride, width):
+    """:func:`transpose8` that reads only the first ``width`` (1 to 7, a run-time value) vectors and stores all
+    8, each with ``8 - width`` undefined elements at its end: the narrow tile of columns to rows."""
+    signature = _narrow_signature(source, source_start, source_stride, target, target_start, target_stride, width)
+
+    def codegen(context, builder, signature, args):
+        kinds = signature.args
+        align = context.get_abi_sizeof(context.get_data_type(kinds[0].dtype))
+        count = context.cast(builder, args[6], kinds[6], types.intp)
+        last = builder.sub(count, ir.Constant(count.type, 1))
+        # vectors past the width repeat the last one read, so that every load stays inside the source
+        rows = [builder.select(builder.icmp_signed(">", count, ir.Constant(count.type, i)),
+                               ir.Constant(count.type, i), last) for i in range(TILE)]
+        for j, column in enumerate(_transposed(builder, _loaded(context, builder, kinds, args, rows))):
+            builder.store(column, _address(context, builder, kinds, args, 3, j), align=align)
+        return context.get_dummy_value()
+
+    return signature, codegen
 
 
 @numba.njit(inline="always")
@@ -123,85 +155,45 @@ def _tiled_rows(n, M, W, start, size):
     return max(tiled, 0) // TILE * TILE
 
 
-@numba.njit
-def _to_columns(x, start, n, scratch, W):
-    numba.literally(W)
+@numba.njit(no_cpython_wrapper=True, no_cfunc_wrapper=True)  # called from compiled code only
+def rows_to_columns(x, start, n, scratch):
+    """``scratch[m, r] = x[start + r * M + m]`` for ``r < n`` and ``m < M = scratch.shape[0]`` (``x`` 1-D,
+    ``scratch`` a C-contiguous ``[M, >= n]`` array of the same dtype)."""
     M, width = scratch.shape
-    if M == 1:  # a copy
-        scratch[0, :n] = x[start:start + n]
+    if M == 1:  # a copy (an element loop: a slice assignment would compile its error message)
+        for r in range(n):
+            scratch[0, r] = x[start + r]
         return
+    W = M % TILE
     whole = M - W
     tiled = _tiled_rows(n, M, W, start, x.shape[0])
     for r in range(0, tiled, TILE):
         for m in range(0, whole, TILE):
             transpose8(x, start + r * M + m, M, scratch, m * width + r, width)
-        transpose_narrow(x, start + r * M + whole, M, scratch, whole * width + r, width, W, False)
+        if W:
+            narrow_to_columns(x, start + r * M + whole, M, scratch, whole * width + r, width, W)
     for r in range(tiled, n):
         for m in range(M):
             scratch[m, r] = x[start + r * M + m]
 
 
-@numba.njit
-def _to_rows(scratch, start, n, out, W):
-    numba.literally(W)
+@numba.njit(no_cpython_wrapper=True, no_cfunc_wrapper=True)  # called from compiled code only
+def columns_to_rows(scratch, start, n, out):
+    """``out[start + r * M + m] = scratch[m, r]``: the inverse of :func:`rows_to_columns`."""
     M, width = scratch.shape
     if M == 1:
-        out[start:start + n] = scratch[0, :n]
+        for r in range(n):
+            out[start + r] = scratch[0, r]
         return
+    W = M % TILE
     whole = M - W
     tiled = _tiled_rows(n, M, W, start, out.shape[0])
     for r in range(0, tiled, TILE):
         # the narrow tile first: its vectors run into the next rows, which the whole tiles write afterwards
-        transpose_narrow(scratch, whole * width + r, width, out, start + r * M + whole, M, W, True)
+        if W:
+            narrow_to_rows(scratch, whole * width + r, width, out, start + r * M + whole, M, W)
         for m in range(0, whole, TILE):
             transpose8(scratch, m * width + r, width, out, start + r * M + m, M)
     for r in range(tiled, n):
         for m in range(M):
             out[start + r * M + m] = scratch[m, r]
-
-
-@numba.njit
-def rows_to_columns(x, start, n, scratch):
-    """``scratch[m, r] = x[start + r * M + m]`` for ``r < n`` and ``m < M = scratch.shape[0]`` (``x`` 1-D,
-    ``scratch`` a C-contiguous ``[M, >= n]`` array of the same dtype)."""
-    W = scratch.shape[0] % TILE
-    # a literal width in each branch, for which the tile code is generated (a ladder, since numba cannot cache
-    # kernels that receive the mover as a function argument)
-    if W == 0:
-        _to_columns(x, start, n, scratch, 0)
-    elif W == 1:
-        _to_columns(x, start, n, scratch, 1)
-    elif W == 2:
-        _to_columns(x, start, n, scratch, 2)
-    elif W == 3:
-        _to_columns(x, start, n, scratch, 3)
-    elif W == 4:
-        _to_columns(x, start, n, scratch, 4)
-    elif W == 5:
-        _to_columns(x, start, n, scratch, 5)
-    elif W == 6:
-        _to_columns(x, start, n, scratch, 6)
-    else:
-        _to_columns(x, start, n, scratch, 7)
-
-
-@numba.njit
-def columns_to_rows(scratch, start, n, out):
-    """``out[start + r * M + m] = scratch[m, r]``: the inverse of :func:`rows_to_columns`."""
-    W = scratch.shape[0] % TILE
-    if W == 0:
-        _to_rows(scratch, start, n, out, 0)
-    elif W == 1:
-        _to_rows(scratch, start, n, out, 1)
-    elif W == 2:
-        _to_rows(scratch, start, n, out, 2)
-    elif W == 3:
-        _to_rows(scratch, start, n, out, 3)
-    elif W == 4:
-        _to_rows(scratch, start, n, out, 4)
-    elif W == 5:
-        _to_rows(scratch, start, n, out, 5)
-    elif W == 6:
-        _to_rows(scratch, start, n, out, 6)
-    else:
-        _to_rows(scratch, start, n, out, 7)

@@ -3,12 +3,13 @@ in place and their gradients reduced without races, weighted rules, bitwise repr
 Each case is checked against float64 ``index_add`` on expanded copies."""
 from pathlib import Path
 
-import numba
+import threading
+
 import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import numba_cpu, numba_transpose
+from sparse_accumulation.kernels import numba_blocks, numba_cpu, numba_kernels, numba_threads, numba_transpose
 from accumulation_helpers import assert_close_to, random_rule
 
 # (X1 leading shape, X2 leading shape, W leading shape): several tasks, each broadcast the kernels reduce
@@ -51,7 +52,7 @@ def _check(generator, leads, weighted, dtype=torch.float64, sizes=(4, 3, 2, 5), 
 
 
 def test_blocks_and_tasks_cover_every_row(generator):
-    block, tasks = numba_cpu.BLOCK, numba_cpu.MAX_TASKS
+    block, tasks = numba_blocks.BLOCK, numba_cpu.MAX_TASKS
     for rows in (block - 1, block, block + 1, tasks * block - 1, tasks * block + 1, 3 * tasks * block + 7):
         _check(generator, [(rows,), (rows,)], weighted=False)
 
@@ -61,7 +62,7 @@ def test_blocks_and_tasks_cover_every_row(generator):
 def test_wide_and_narrow_rows_across_blocks(generator, weighted, dtype):
     """Rows moved in vector tiles (17 and 9 components: tiles of 8 and the rest), narrow tiles (7) and element
     loops (2), over blocks that end within a tile, with the next block prefetched."""
-    rows = 3 * numba_cpu.BLOCK + 13
+    rows = 3 * numba_blocks.BLOCK + 13
     _check(generator, [(rows,), (rows,), (rows,)], weighted, dtype, sizes=(17, 9, 2, 7), nnz=60)
     _check(generator, [(rows,), (rows,), (rows,)], weighted, dtype, sizes=(7, 17, 9, 17), nnz=60)
 
@@ -108,58 +109,84 @@ def test_16_bit_broadcast_view_of_an_expanded_tensor(generator):
 def test_bitwise_reproducible_across_thread_counts(generator, weighted):
     state = generator.get_state()
     results = []
-    previous = numba.get_num_threads()
+    previous = torch.get_num_threads()
     try:
-        for threads in (1, previous):
-            numba.set_num_threads(threads)
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
             generator.set_state(state)
             results.append(_check(generator, PATTERNS[1], weighted, dtype=torch.float32))
     finally:
-        numba.set_num_threads(previous)
-    (out_a, grads_a), (out_b, grads_b) = results
-    assert torch.equal(out_a, out_b)
-    for a, b in zip(grads_a, grads_b):
+        torch.set_num_threads(previous)
+    out_a, grads_a = results[0]
+    for out_b, grads_b in results[1:]:
+        assert torch.equal(out_a, out_b)
+        for a, b in zip(grads_a, grads_b):
+            assert torch.equal(a, b)
+
+
+def test_threaded_calls_agree_bitwise_with_one_kernel_call(generator, monkeypatch):
+    """Large calls run their tasks as ranges on threads, small ones in one kernel call: the same tasks, so the
+    same bits."""
+    m1, m2, mu, C = random_rule(generator, 4, 3, 5, nnz=20, dtype=torch.float32)
+    rule = sa.Rule(m1, m2, mu, 5)
+    X1 = torch.randn(3000, 4, generator=generator, requires_grad=True)
+    X2 = torch.randn(1, 3, generator=generator, requires_grad=True)  # its gradient: private copies per task
+    C = C.requires_grad_()
+    G = torch.randn(3000, 5, generator=generator)
+    results = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for serial_rows in (numba_cpu.SERIAL_ROWS, 10 ** 9):  # on threads, then in one call
+        monkeypatch.setattr(numba_cpu, "SERIAL_ROWS", serial_rows)
+        out = sa.accumulate_rule(X1, X2, rule, C, implementation="numba")
+        results.append((out, *torch.autograd.grad(out, (X1, X2, C), G)))
+    for a, b in zip(*results):
         assert torch.equal(a, b)
 
 
-def test_cache_names_follow_every_kernel_source(tmp_path, monkeypatch):
-    """numba's disk cache checks only the file of a cached function: the kernels' names carry a digest of
-    every file compiled into them, so a change to a helper in another module compiles them anew."""
-    for kernel in (numba_cpu._forward, numba_cpu._backward, numba_cpu._forward_serial,
-                   numba_cpu._backward_serial, numba_cpu._forward_at, numba_cpu._backward_at):
-        assert kernel.py_func.__qualname__.endswith("_" + numba_cpu._SOURCE_TAG)
-    helper = tmp_path / "numba_transpose.py"
-    helper.write_text(Path(numba_transpose.__file__).read_text() + "\n# changed\n")
-    monkeypatch.setattr(numba_transpose, "__file__", str(helper))
-    assert numba_cpu._source_tag() != numba_cpu._SOURCE_TAG
+def test_thread_ranges_cover_every_task():
+    for tasks in (1, 2, 5, 16):
+        for threads in (1, 2, 3, tasks):
+            seen, lock = [], threading.Lock()
+
+            def record(first, last):
+                with lock:
+                    seen.extend(range(first, last))
+            numba_threads.run(record, tasks, threads)
+            assert sorted(seen) == list(range(tasks))
+
+
+def test_errors_on_threads_reach_the_caller():
+    def fail(first, last):
+        if first > 0:
+            raise ValueError("task range failed")
+    with pytest.raises(ValueError, match="task range failed"):
+        numba_threads.run(fail, 4, 2)
+
+
+def test_variant_names_follow_every_kernel_source(tmp_path, monkeypatch):
+    """numba's disk cache keys code by function name and checks only the file of a cached function: each
+    variant's name carries its constants and a digest of every file compiled into it, so a change to a helper
+    in another module compiles the kernel anew."""
+    names = {numba_kernels.variant(*v).py_func.__qualname__ for v in numba_kernels.all_variants()}
+    assert len(names) == 4
+    assert all(name.endswith("_" + numba_kernels._SOURCE_TAG) for name in names)
+    for module in (numba_transpose, numba_blocks):
+        helper = tmp_path / Path(module.__file__).name
+        helper.write_text(Path(module.__file__).read_text() + "\n# changed\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(module, "__file__", str(helper))
+            assert numba_kernels._source_tag() != numba_kernels._SOURCE_TAG
 
 
 def test_compiled_kernels_can_be_cached(generator):
     """numba silently keeps code that uses dynamic globals (a function passed as an argument, for one) out of
-    its disk cache, which would cost every process minutes of compiling: each compiled kernel must pass its
+    its disk cache, which would cost every process seconds of compiling: each compiled variant must pass its
     cache's check."""
     m1, m2, mu, C = random_rule(generator, 9, 5, 17, nnz=20, dtype=torch.float32)
     X1 = torch.randn(10, 9, generator=generator, requires_grad=True)
     X2 = torch.randn(10, 5, generator=generator)
     sa.accumulate(X1, X2, mu, 17, m1, m2, C, implementation="numba").sum().backward()
-    for kernel in (numba_cpu._forward_at, numba_cpu._backward_at):
-        assert kernel.overloads
-        for compiled in kernel.overloads.values():
-            assert kernel._cache._impl.check_cachable(compiled), kernel.py_func.__qualname__
-
-
-def test_serial_twins_are_cached_apart_and_agree(generator, monkeypatch):
-    """The serial twin of each kernel has its own name (numba's disk cache keys code by name, not by the
-    parallel option) and gives bitwise the results of the parallel kernel."""
-    for parallel, serial in ((numba_cpu._forward, numba_cpu._forward_serial),
-                             (numba_cpu._backward, numba_cpu._backward_serial)):
-        assert parallel.py_func.__qualname__ != serial.py_func.__qualname__
-    m1, m2, mu, C = random_rule(generator, 4, 3, 5, nnz=20, dtype=torch.float32)
-    rule = sa.Rule(m1, m2, mu, 5)
-    X1 = torch.randn(3000, 4, generator=generator)
-    X2 = torch.randn(3000, 3, generator=generator)
-    results = []
-    for serial_rows in (numba_cpu.SERIAL_ROWS, 10 ** 9):  # the parallel kernel, then the serial twin
-        monkeypatch.setattr(numba_cpu, "SERIAL_ROWS", serial_rows)
-        results.append(sa.accumulate_rule(X1, X2, rule, C, implementation="numba"))
-    assert torch.equal(results[0], results[1])
+    kernel = numba_kernels.variant(False, False)
+    assert kernel.overloads
+    for compiled in kernel.overloads.values():
+        assert kernel._cache._impl.check_cachable(compiled), kernel.py_func.__qualname__

@@ -40,8 +40,6 @@ def test_opcheck_indexed_ops(generator, implementation, permuted, requires_grad)
 @pytest.mark.parametrize("requires_grad", [False, True])
 def test_opcheck_rule_ops(generator, implementation, weighted, requires_grad):
     """The rule ops on broadcast 3-D operands: X1 [A, B, M1], X2 [A, 1, M2] and W [1, B, Mw]."""
-    if weighted and implementation == "auto":
-        pytest.skip("the numba kernels take no weights yet")
     A, B, M1, M2, Mw, O, nnz = 3, 4, 4, 3, 2, 5, 15
     m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=nnz)
     w = torch.randint(0, Mw, (nnz,), generator=generator) if weighted else None
