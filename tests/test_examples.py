@@ -48,3 +48,31 @@ def test_invariant_energy_target_is_rotation_invariant(generator):
     # and it is not a constant: scaling the clouds changes it
     energy = example.target_energy(clouds)
     assert energy.abs().min() > 0 and not torch.allclose(energy, example.target_energy(clouds * 1.1))
+
+
+def test_interaction_model_learns_energies_and_forces(capsys, generator):
+    """The NequIP-like potential trains (its loss falls), and its energies are invariant and forces equivariant
+    under rotations."""
+    example = _load("interaction_model")
+    result = example.main(["--tiny", "--seed", str(generator.initial_seed() % 2**31)])
+    out = capsys.readouterr().out
+    assert "step    0  loss" in out and "rotating the molecules" in out
+    first, last = result["loss"]
+    assert last < 0.8 * first
+    assert result["invariance"] < 1e-4 and result["equivariance"] < 1e-4
+
+
+def test_interaction_model_targets_are_consistent(generator):
+    """The made-up potential: forces are minus its gradient (finite differences), and it is invariant."""
+    example = _load("interaction_model")
+    positions, species = example.random_molecules(2, 5, generator)
+    energies, forces = example.energies_and_forces(positions, species)
+    step = 1e-6
+    moved = positions.clone()
+    moved[0, 1, 2] += step
+    numeric = (example.target_energy(moved, species)[0] - energies[0]) / step
+    assert abs(numeric + forces[0, 1, 2]) < 1e-4 * max(1.0, abs(forces[0, 1, 2].item()))
+    from e3nn import o3
+
+    rotation = o3.rand_matrix(dtype=torch.float64)
+    torch.testing.assert_close(example.target_energy(positions @ rotation.T, species), energies)

@@ -33,25 +33,59 @@ SERIAL_WORK = 1 << 18
 TASKS_PER_THREAD = 4
 
 
+@numba.njit(inline="always")
+def _load(tile, s, r, data, strides, row_counts, bases, steps, slot_first, B):
+    """The lines of slot ``s`` in ``tile`` from its row ``r`` (zeros outside the tensor, ones where the map
+    says constant)."""
+    x = data[s]
+    valid = 0 <= r < row_counts[s]
+    start = r * strides[s]
+    for m in range(slot_first[s], slot_first[s + 1]):
+        base, step = bases[m], steps[m]
+        if base == _ONE:
+            for b in range(B):
+                tile[m, b] = 1.0
+        elif not valid:
+            for b in range(B):
+                tile[m, b] = 0.0
+        elif step == 0:
+            v = x[start + base]
+            for b in range(B):
+                tile[m, b] = v
+        else:
+            for b in range(B):
+                tile[m, b] = x[start + base + b * step]
+
+
 @numba.njit(cache=True, nogil=True, fastmath={"contract"})
 def _kernel(first, last, segmented, offsets, order, data, rows_index, strides, row_counts, bases, steps,
-            slot_first, loaded, channels, out_slots, out_modes, out_data, out_strides, out_first, out_bases,
-            out_steps, term_first, term_starts, fa, fb, fc, coefficients, tile, acc):
-    """Grid rows ``first .. last`` (output rows of the segment outputs, or edges).
+            slot_first, loaded, hoisted, channels, out_slots, out_modes, out_data, out_strides, out_first,
+            out_bases, out_steps, term_starts, fa, fb, fc, two_factors, coefficients, lines, components):
+    """Grid rows ``first .. last`` (rows of the grid index's segments, or edges).
 
     ``data[s]``: the flat data of slot ``s``; ``rows_index[s]``: its gathered rows (empty: the edge's row);
     ``bases``/``steps`` from ``slot_first[s]``: its column map (base -1: the constant 1); ``loaded[s]``: the
-    outputs read it. Output ``o`` writes slot ``out_slots[o]`` into ``out_data[o]`` (mode ``out_modes[o]``: 0
-    segment, 1 per edge), components ``out_first[o] ..`` of ``out_bases``/``out_steps``; its terms are
-    ``term_starts[term_first[o] + j] ..`` per component ``j``, factors ``fa, fb, fc`` (lines of ``tile``) and
-    ``coefficients``. ``tile`` and ``acc`` are the task's scratch."""
+    outputs read it; ``hoisted[s]``: its row is the grid row (read once per row). Output ``o`` writes slot
+    ``out_slots[o]`` into ``out_data[o]`` (mode ``out_modes[o]``: 0 segment, 1 per edge), components
+    ``out_first[o] ..`` of ``out_bases``/``out_steps``. Accumulator line ``j`` gets the terms ``term_starts[j]
+    ..``: ``coefficients[t] * tile[fa[t]] * tile[fb[t]] * tile[fc[t]]``, ``fc`` a line that every channel
+    shares where ``two_factors[o]`` (one number per edge, folded into the coefficient). ``tile`` has ``lines``
+    lines (the last a line of ones), ``acc`` ``components``. (Scratch is allocated here, so that the compiler
+    knows it aliases nothing; elements are indexed directly: row views in the loops would cost reference
+    counting per term.)"""
     B = channels
+    tile = np.empty((lines, B), dtype=coefficients.dtype)
+    tile[lines - 1] = 1.0
+    acc = np.empty((components, B), dtype=coefficients.dtype)
     n_out = out_slots.shape[0]
     for row in range(first, last):
         if segmented:
             begin, end = offsets[row], offsets[row + 1]
         else:
             begin, end = row, row + 1
+        for s in range(4):
+            if loaded[s] and hoisted[s]:
+                _load(tile, s, row, data, strides, row_counts, bases, steps, slot_first, B)
         for o in range(n_out):
             if out_modes[o] == 0:
                 for j in range(out_first[o], out_first[o + 1]):
@@ -62,43 +96,20 @@ def _kernel(first, last, segmented, offsets, order, data, rows_index, strides, r
             if segmented and order.shape[0] > 0:
                 edge = order[position]
             for s in range(4):
-                if not loaded[s]:
-                    continue
-                r = edge
-                if rows_index[s].shape[0] > 0:
-                    r = rows_index[s][edge]
-                valid = 0 <= r < row_counts[s]
-                start = r * strides[s]
-                x = data[s]
-                for m in range(slot_first[s], slot_first[s + 1]):
-                    line = tile[m]
-                    base, step = bases[m], steps[m]
-                    if base == _ONE:
-                        for b in range(B):
-                            line[b] = 1.0
-                    elif not valid:
-                        for b in range(B):
-                            line[b] = 0.0
-                    elif step == 0:
-                        v = x[start + base]
-                        for b in range(B):
-                            line[b] = v
-                    else:
-                        for b in range(B):
-                            line[b] = x[start + base + b * step]
+                if loaded[s] and not hoisted[s]:
+                    r = rows_index[s][edge] if rows_index[s].shape[0] > 0 else edge
+                    _load(tile, s, r, data, strides, row_counts, bases, steps, slot_first, B)
             for o in range(n_out):
                 per_edge = out_modes[o] == 1
                 for j in range(out_first[o], out_first[o + 1]):
-                    target = acc[j]
                     if per_edge:
                         for b in range(B):
-                            target[b] = 0.0
-                    local = j - out_first[o]
-                    for t in range(term_starts[term_first[o] + local], term_starts[term_first[o] + local + 1]):
-                        c = coefficients[t]
-                        u, v, w = tile[fa[t]], tile[fb[t]], tile[fc[t]]
-                        for b in range(B):
-                            target[b] += c * u[b] * v[b] * w[b]
+                            acc[j, b] = 0.0
+                    first_term, end = term_starts[j], term_starts[j + 1]
+                    if two_factors[o]:  # the third factor is one number per edge: folded into the coefficient
+                        _two_factor_terms(acc, j, tile, coefficients, fa, fb, fc, first_term, end, B)
+                    else:
+                        _three_factor_terms(acc, j, tile, coefficients, fa, fb, fc, first_term, end, B)
                 if per_edge:
                     _write(out_data[o], edge * out_strides[o], acc, out_first[o], out_first[o + 1], out_bases,
                            out_steps, B)
@@ -108,23 +119,63 @@ def _kernel(first, last, segmented, offsets, order, data, rows_index, strides, r
                        out_steps, B)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(inline="always", fastmath={"contract"})
+def _two_factor_terms(acc, j, tile, coefficients, fa, fb, fc, t, end, B):
+    """``acc[j] += sum over terms t .. end of (coefficients[t] * tile[fc[t], 0]) * tile[fa[t]] * tile[fb[t]]``,
+    four terms per update of the accumulator."""
+    while t + 4 <= end:
+        c0, p0, q0 = coefficients[t] * tile[fc[t], 0], fa[t], fb[t]
+        c1, p1, q1 = coefficients[t + 1] * tile[fc[t + 1], 0], fa[t + 1], fb[t + 1]
+        c2, p2, q2 = coefficients[t + 2] * tile[fc[t + 2], 0], fa[t + 2], fb[t + 2]
+        c3, p3, q3 = coefficients[t + 3] * tile[fc[t + 3], 0], fa[t + 3], fb[t + 3]
+        for b in range(B):
+            acc[j, b] += ((c0 * tile[p0, b] * tile[q0, b] + c1 * tile[p1, b] * tile[q1, b])
+                          + (c2 * tile[p2, b] * tile[q2, b] + c3 * tile[p3, b] * tile[q3, b]))
+        t += 4
+    while t < end:
+        c0, p0, q0 = coefficients[t] * tile[fc[t], 0], fa[t], fb[t]
+        for b in range(B):
+            acc[j, b] += c0 * tile[p0, b] * tile[q0, b]
+        t += 1
+
+
+@numba.njit(inline="always", fastmath={"contract"})
+def _three_factor_terms(acc, j, tile, coefficients, fa, fb, fc, t, end, B):
+    """``acc[j] += sum over terms t .. end of coefficients[t] * tile[fa[t]] * tile[fb[t]] * tile[fc[t]]``, four
+    terms per update of the accumulator."""
+    while t + 4 <= end:
+        c0, p0, q0, r0 = coefficients[t], fa[t], fb[t], fc[t]
+        c1, p1, q1, r1 = coefficients[t + 1], fa[t + 1], fb[t + 1], fc[t + 1]
+        c2, p2, q2, r2 = coefficients[t + 2], fa[t + 2], fb[t + 2], fc[t + 2]
+        c3, p3, q3, r3 = coefficients[t + 3], fa[t + 3], fb[t + 3], fc[t + 3]
+        for b in range(B):
+            acc[j, b] += ((c0 * tile[p0, b] * tile[q0, b] * tile[r0, b] + c1 * tile[p1, b] * tile[q1, b] * tile[r1, b])
+                          + (c2 * tile[p2, b] * tile[q2, b] * tile[r2, b]
+                             + c3 * tile[p3, b] * tile[q3, b] * tile[r3, b]))
+        t += 4
+    while t < end:
+        c0, p0, q0, r0 = coefficients[t], fa[t], fb[t], fc[t]
+        for b in range(B):
+            acc[j, b] += c0 * tile[p0, b] * tile[q0, b] * tile[r0, b]
+        t += 1
+
+
+@numba.njit(inline="always")
 def _write(out, start, acc, first, last, bases, steps, B):
     """Components ``first .. last`` of ``acc`` into the row at ``start``; a column shared by the channels
     (step 0) gets their sum, a constant one (base -1) nothing."""
     for j in range(first, last):
         base, step = bases[j], steps[j]
-        line = acc[j]
         if base == _ONE:  # a constant column has no gradient
             continue
         if step == 0:
             total = 0.0
             for b in range(B):
-                total += line[b]
+                total += acc[j, b]
             out[start + base] = total
         else:
             for b in range(B):
-                out[start + base + b * step] = line[b]
+                out[start + base + b * step] = acc[j, b]
 
 
 class _Plan:
@@ -143,18 +194,18 @@ class _Plan:
         self.lines = ones_line + 1
         arrays = {s: rule.array(_INDEX_NAMES[s]) for s in present}
         out_bases, out_steps, out_first = [], [], [0]
-        term_starts, term_first, fa, fb, fc, picks = [], [], [], [], [], []
+        term_starts, fa, fb, fc, picks, two_factors = [0], [], [], [], [], []
         for slot in output_slots:
             column_map = crule.maps[slot]
             out_bases += column_map.base
             out_steps += column_map.step
             out_first.append(out_first[-1] + column_map.size)
+            # a slot every channel reads alike (one number per edge) goes last, to be folded into the coefficient
+            factors = sorted((s for s in present if s != slot), key=lambda s: crule.maps[s].shared)
+            two_factors.append(len(factors) < 3 or crule.maps[factors[2]].shared)
             order = np.argsort(arrays[slot], kind="stable")
             counts = np.bincount(arrays[slot], minlength=column_map.size)
-            term_first.append(len(term_starts) + 0)
-            starts = len(picks) + np.concatenate([[0], np.cumsum(counts)])
-            term_starts += starts.tolist()
-            factors = [s for s in present if s != slot]
+            term_starts += (len(picks) + np.cumsum(counts)).tolist()
             lines = [self.slot_first[s] + arrays[s][order] for s in factors]
             while len(lines) < 3:
                 lines.append(np.full(len(order), ones_line, np.int64))
@@ -162,11 +213,10 @@ class _Plan:
             fb += lines[1].tolist()
             fc += lines[2].tolist()
             picks += order.tolist()
-        # term_first[o] indexes term_starts; each output contributes size + 1 entries
-        self.term_first = np.array(term_first, np.int64)
         self.term_starts = np.array(term_starts, np.int64)
         self.fa, self.fb, self.fc = (np.array(f, np.int64) for f in (fa, fb, fc))
         self.picks = np.array(picks, np.int64)
+        self.two_factors = np.array(two_factors)
         self.out_bases = np.array(out_bases, np.int64)
         self.out_steps = np.array(out_steps, np.int64)
         self.out_first = np.array(out_first, np.int64)
@@ -253,7 +303,7 @@ def _numpy(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoisted=(), traceable: bool = False):
     """See :mod:`sparse_accumulation.kernels.graph` ("atomic" outputs are summed by segments here too)."""
-    del hoisted, traceable
+    del traceable
     operand = next(t for t in tensors if t is not None)
     dtype = accumulation_dtype(operand.dtype)
     np_dtype = buffers.NUMPY_DTYPES[dtype]
@@ -287,15 +337,13 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
         out_strides = np.array([r.stride(0) for r in results], np.int64)
         out_slots = np.array([slot for slot, _, _ in outputs], np.int64)
         out_modes = np.array([0 if mode == SEGMENT else 1 for _, mode, _ in outputs], np.int64)
+        hoisted_slots = np.array([segmented and s in hoisted for s in range(4)])
 
         def kernel_args():
-            tile = np.empty((plan.lines, B), np_dtype)
-            tile[plan.lines - 1] = 1
-            acc = np.empty((plan.components, B), np_dtype)
             return (segmented, offsets, order, data, rows_index, strides, row_counts, plan.bases, plan.steps,
-                    plan.slot_first, plan.loaded, B, out_slots, out_modes, out_data, out_strides, plan.out_first,
-                    plan.out_bases, plan.out_steps, plan.term_first, plan.term_starts, plan.fa, plan.fb, plan.fc,
-                    coefficients, tile, acc)
+                    plan.slot_first, plan.loaded, hoisted_slots, B, out_slots, out_modes, out_data, out_strides, plan.out_first,
+                    plan.out_bases, plan.out_steps, plan.term_starts, plan.fa, plan.fb, plan.fc, plan.two_factors,
+                    coefficients, plan.lines, plan.components)
 
         _run_tasks(kernel_args, grid_rows, offsets if segmented else None, edges * B * crule.rule.nnz)
     return tuple(r if r.dtype == operand.dtype else r.to(operand.dtype) for r in results)
