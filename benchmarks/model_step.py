@@ -45,8 +45,10 @@ MODES = ("eager", "default", "reduce-overhead")
 
 
 def _example():
+    """The example module (registered under its name: torch.compile looks functions up by their module)."""
     spec = importlib.util.spec_from_file_location("interaction_model", ROOT / "examples" / "interaction_model.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["interaction_model"] = module
     spec.loader.exec_module(module)
     return module
 

@@ -121,36 +121,43 @@ class RadialNetwork(torch.nn.Module):
 
 
 class IrrepsLinear(torch.nn.Module):
-    """A linear map between e3nn-layout features that mixes channels within each irrep (equivariant): for
-    every output irrep ``mul_out x ir``, a learnt ``[mul_in, mul_out]`` map of all input channels of ``ir``."""
+    """A linear map between e3nn-layout features that mixes channels within each irrep type (equivariant): the
+    output irreps of one type get a learnt ``[mul_in, mul_out]`` map of all input channels of that type (one
+    matrix product per type)."""
 
     def __init__(self, irreps_in, irreps_out):
         super().__init__()
         o3 = _o3()
         self.irreps_in, self.irreps_out = o3.Irreps(irreps_in), o3.Irreps(irreps_out)
-        self.blocks = []  # (input slices of ir, output slice, ir dim), plain ints for torch.compile
-        weights = []
-        starts_in = [0]
+        starts_in, starts_out = [0], [0]
         for mul, ir in self.irreps_in:
             starts_in.append(starts_in[-1] + mul * ir.dim)
-        start_out = 0
-        for mul_out, ir in self.irreps_out:
-            sources = [(starts_in[i], mul) for i, (mul, ir_in) in enumerate(self.irreps_in) if ir_in == ir]
-            mul_in = sum(mul for _, mul in sources)
-            self.blocks.append((tuple(sources), start_out, mul_out, ir.dim))
+        for mul, ir in self.irreps_out:
+            starts_out.append(starts_out[-1] + mul * ir.dim)
+        # per irrep type (plain ints for torch.compile): input blocks (start, mul), output blocks (start, mul), dim
+        self.types = []
+        weights = []
+        for ir in sorted({ir for _, ir in self.irreps_out}, key=lambda ir: (ir.l, ir.p)):
+            sources = tuple((starts_in[i], mul) for i, (mul, other) in enumerate(self.irreps_in) if other == ir)
+            targets = tuple((starts_out[i], mul) for i, (mul, other) in enumerate(self.irreps_out) if other == ir)
+            mul_in, mul_out = sum(m for _, m in sources), sum(m for _, m in targets)
+            self.types.append((sources, targets, ir.dim))
             weights.append(torch.nn.Parameter(torch.randn(max(mul_in, 1), mul_out) / math.sqrt(max(mul_in, 1))))
-            start_out += mul_out * ir.dim
         self.weights = torch.nn.ParameterList(weights)
+        self.dim_out = starts_out[-1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pieces = []
-        for (sources, _, mul_out, dim), weight in zip(self.blocks, self.weights):
+        out = x.new_zeros(x.shape[0], self.dim_out)
+        for (sources, targets, dim), weight in zip(self.types, self.weights):
             if not sources:
-                pieces.append(x.new_zeros(x.shape[0], mul_out * dim))
                 continue
             inputs = torch.cat([x[:, start:start + mul * dim].reshape(-1, mul, dim) for start, mul in sources], 1)
-            pieces.append(torch.einsum("num,uv->nvm", inputs, weight).reshape(x.shape[0], mul_out * dim))
-        return torch.cat(pieces, dim=1)
+            mixed = torch.einsum("num,uv->nvm", inputs, weight)
+            first = 0
+            for start, mul in targets:
+                out[:, start:start + mul * dim] = mixed[:, first:first + mul].reshape(x.shape[0], mul * dim)
+                first += mul
+        return out
 
 
 class Gate(torch.nn.Module):
