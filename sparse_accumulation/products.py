@@ -144,7 +144,7 @@ def concatenate(features, irreps: IrrepsLike | None = None) -> tuple:
         irreps = normalize_irreps(irreps)
         return features, irreps
     if isinstance(features, dict):
-        items = sorted(features.items())
+        items = [(l, features[l]) for l in sorted(features)]
     elif isinstance(features, (list, tuple)):
         items = [(l, t) for l, t in enumerate(features) if t is not None]
     else:
