@@ -1,0 +1,114 @@
+"""Triton polynomial kernels (CUDA; CPU tensors under ``TRITON_INTERPRET=1``): the contract of
+:mod:`sparse_accumulation.kernels.polynomial`, on kernels generated per program (:mod:`.triton.polynomial_source`).
+
+A call launches at most two kernels: one for the lane outputs (small tiles of nodes, many programs) and one for
+the element outputs (larger tiles, their components split into groups of programs), whose per-tile partial sums
+are then summed over each element's tiles in order (:func:`.triton_graph.segment_sum`): deterministic, no atomics.
+Kernels are autotuned over the nodes a program handles at once (``BLOCK_R``) and its warps; results never depend
+on the configuration.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import accumulation_dtype
+from .polynomial_schedule import group, split_outputs
+
+try:  # triton is optional: is_available() reports whether this backend can run
+    import triton
+
+    from .triton import build, launch
+    from .triton.polynomial_source import block_channels, kernel_source
+    from .triton_graph import segment_sum
+except Exception:  # pragma: no cover - depends on the environment
+    triton = None
+
+#: components of an element output one program sums
+GROUP_COMPONENTS = int(os.environ.get("SPARSE_ACCUMULATION_POLYNOMIAL_GROUP", "32"))
+#: ``(BLOCK_R, num_warps)`` configurations, best guess first
+_CONFIGS = ((1, 4), (2, 4))
+_INT32_LIMIT = 2**31 - 1
+
+
+def _prev_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def lane_tile_rows(nodes: int) -> int:
+    """Nodes per tile of a lane-output kernel: small, so that there are programs for every SM."""
+    return min(16, _prev_pow2(nodes // 1024))
+
+
+def element_tile_rows(nodes: int) -> int:
+    """Nodes per tile of an element-output kernel: larger, to keep the per-tile partial sums small."""
+    return max(16, min(512, _prev_pow2(nodes // 128)))
+
+
+def _kernel(program, outputs: tuple, acc: str):
+    def make():
+        groups = [group(program, accumulators) for accumulators in split_outputs(program, outputs, GROUP_COMPONENTS)]
+        name = build.kernel_name("polynomial", (program.key, outputs, acc))
+        source, pointers, ints = kernel_source(name, program, groups, acc)
+        fn = triton.jit(build.load_function(source, name), do_not_specialize=list(ints))
+        block_c = block_channels(program.channels)
+        configs = ([triton.Config({"BLOCK_R": 1, "BLOCK_C": block_c}, num_warps=1)] if build.interpreting() else
+                   [triton.Config({"BLOCK_R": r, "BLOCK_C": block_c}, num_warps=w) for r, w in _CONFIGS])
+        return triton.autotune(configs=configs, key=["R_BUCKET"])(fn), pointers, ints, len(groups), block_c
+
+    return build.cached(("polynomial", program.key, outputs, acc), make)
+
+
+def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int, traceable: bool) -> None:
+    operand = tensors[0]
+    acc = "tl.float64" if accumulation_dtype(operand.dtype) == torch.float64 else "tl.float32"
+    kernel, pointer_names, int_names, n_groups, block_c = _kernel(program, outputs, acc)
+    table, _ = elements.tiles(rows)
+    tiles = table.shape[1]
+    available = {f"T{s}": t for s, t in enumerate(tensors)}
+    available.update({f"D{j}": t for j, t in targets.items()})
+    available["ORDER"], available["TABLE"] = elements.order, table
+    values = {f"S{s}": t.stride(0) if t.shape[0] > 1 else 0 for s, t in enumerate(tensors)}
+    values.update({f"SD{j}": t.stride(0) for j, t in targets.items()})
+    values.update(NT=tiles, ZERO=0, R_BUCKET=len(elements).bit_length())
+    pointers = [available[n] for n in pointer_names]
+    ints = [values[n] for n in int_names]
+    blocks = triton.cdiv(program.channels, block_c)
+    largest = max([t.numel() for t in tensors] + [t.numel() for t in targets.values()])
+    launch.launch(kernel, lambda meta: (tiles, n_groups, blocks), pointers, ints, device=operand.device,
+                  traceable=traceable, tuning=ints[-1], small=largest <= _INT32_LIMIT)
+
+
+def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
+    """See :mod:`sparse_accumulation.kernels.polynomial`."""
+    operand = tensors[0]
+    tensors = [t if t.stride(-1) == 1 else t.contiguous() for t in tensors]
+    N, E, B = len(elements), elements.num_elements, program.channels
+    lane = tuple(j for j in outputs if program.outputs[j].kind == "lane")
+    element = tuple(j for j in outputs if program.outputs[j].kind == "element")
+    results = {}
+    for j in lane:
+        slot = program.outputs[j]
+        results[j] = (operand.new_empty if slot.map.covers(B) and N else operand.new_zeros)((N, slot.width))
+    if lane and N:
+        _launch(program, tensors, elements, lane, {j: results[j] for j in lane}, lane_tile_rows(N), traceable)
+    if element:
+        rows = element_tile_rows(N)
+        table, offsets = elements.tiles(rows)
+        partial = {}
+        for j in element:
+            slot = program.outputs[j]
+            partial[j] = (operand.new_empty if slot.map.covers(B) else operand.new_zeros)((table.shape[1], slot.width))
+        if N:
+            _launch(program, tensors, elements, element, partial, rows, traceable)
+        for j in element:
+            results[j] = segment_sum(partial[j], (offsets, None), E, traceable=traceable)
+    return tuple(results[j] for j in outputs)
+
+
+def is_available() -> bool:
+    """Whether this backend can run: triton importable and CUDA available (or the interpreter on)."""
+    if triton is None:
+        return False
+    return build.interpreting() or torch.cuda.is_available()

@@ -1,0 +1,267 @@
+"""MACE's symmetric contraction (its product basis) on this library's polynomial kernels.
+
+:class:`SymmetricContraction` takes the constructor and call of ``mace.modules.SymmetricContraction`` (mace-torch
+0.3.16) and holds the same parameters (``contractions[i].weights_max`` and ``contractions[i].weights``, one
+``[num_elements, paths, channels]`` tensor per correlation order). Per node and channel it computes
+
+    out[L, M] = sum over orders nu, paths k: W_nu[element, k, channel] * sum U_nu[M, i_1..i_nu, k] x[i_1]..x[i_nu]
+
+as MACE does, but never contracts ``U``: its symmetric part is a few hundred terms ``(M, monomial)``
+(:mod:`.couplings`), so each call folds the weights into one table ``P[element, term, channel] = B @ W`` (a
+small matmul over elements, not nodes) and runs one kernel per node tile that multiplies monomials of ``x`` by
+the node's element row of ``P`` (:mod:`sparse_accumulation.polynomials`). Gradients, to any order, run on the
+same kernels.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .. import backends
+from ..channel_rules import ColumnMap
+from ..e3nn import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
+from ..elements import prepare
+from ..polynomial_ops import evaluate
+from ..polynomials import LANE, Program, Slot, element_slot, lane_slot
+from .couplings import Couplings, couplings_from_dense, mace_couplings
+from .irreps import Irrep, irreps_text, parse_irreps
+
+
+
+def _correlations(correlation, irreps_out) -> list:
+    """One correlation order per output irrep, from an int, a sequence or a dict keyed by irrep."""
+    def check(value, what):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"correlation{what} must be a positive int, got {value!r}")
+        return int(value)
+
+    if isinstance(correlation, dict):
+        found = {}
+        for key, value in correlation.items():
+            text = str(key)
+            ir = parse_irreps(text if "x" in text or isinstance(key, str) else [(1, key)], "correlation")
+            if len(ir) != 1:
+                raise ValueError(f"correlation: key {key!r} is not one irrep such as '1o'")
+            found[ir[0].ir] = check(value, f"[{key!r}]")
+        missing = [str(term.ir) for term in irreps_out if term.ir not in found]
+        if missing:
+            raise ValueError(f"correlation has no order for output irreps {', '.join(missing)}")
+        return [found[term.ir] for term in irreps_out]
+    if isinstance(correlation, (list, tuple)):
+        if len(correlation) != len(irreps_out):
+            raise ValueError(f"correlation must give one order per output irrep ({len(irreps_out)}), "
+                             f"got {len(correlation)}")
+        return [check(c, f"[{i}]") for i, c in enumerate(correlation)]
+    return [check(correlation, "")] * len(irreps_out)
+
+
+class _Weights(torch.nn.Module):
+    """The weights of one output irrep, named as MACE names them: ``weights_max`` (the highest order) and
+    ``weights`` (the lower orders, highest first)."""
+
+    def __init__(self, shapes, internal: bool, dtype, device):
+        super().__init__()
+        made = [torch.randn(shape, dtype=dtype, device=device) / shape[1] for shape in shapes]
+        if internal:
+            self.weights_max = torch.nn.Parameter(made[0])
+            self.weights = torch.nn.ParameterList([torch.nn.Parameter(w) for w in made[1:]])
+        else:
+            self.weights_max = None
+            self.weights = None
+
+    def tensors(self) -> list:
+        return [self.weights_max, *self.weights]
+
+
+class SymmetricContraction(torch.nn.Module):
+    """MACE's symmetric contraction (product basis), computed as sparse polynomials of the node features.
+
+    A drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction``: the same constructor, call and
+    parameters, outputs and gradients equal to MACE's to rounding. :meth:`from_mace` takes a MACE module with its
+    trained weights. Only ``from_mace`` and the tests involve mace-torch; the coupling coefficients come from this
+    library's Clebsch-Gordan generator.
+
+    Args:
+        irreps_in: irreps of the node features, each with multiplicity ``channels`` (``"128x0e+128x1o+128x2e"``,
+            an e3nn ``Irreps`` or ``(mul, (l, p))`` pairs).
+        irreps_out: irreps of the output, each with multiplicity ``channels``.
+        correlation: the highest correlation order: an int, one int per output irrep, or a dict keyed by irrep.
+        irrep_normalization, path_normalization: accepted and checked as MACE does (``"component"``/``"norm"``/
+            ``"none"``, ``"element"``/``"path"``/``"none"``); MACE's coefficients do not depend on them.
+        use_reduced_cg: must be False (the reduced basis of cuequivariance: load such a module with
+            :meth:`from_mace`).
+        internal_weights: the module holds its weights (default True); False: every call passes them.
+        shared_weights: as MACE (internal weights need ``shared_weights`` True or None).
+        num_elements: number of chemical elements (required).
+        implementation: kernel implementation (None: the library default, numba on CPU and Triton on CUDA).
+        dtype, device: of the weights (default: torch's default dtype, the CPU).
+
+    Raises:
+        ValueError: irreps of different multiplicities, a bad correlation, normalisation or weight option,
+            ``num_elements`` missing.
+        NotImplementedError: ``use_reduced_cg=True``.
+    """
+
+    def __init__(self, irreps_in, irreps_out, correlation, irrep_normalization: str = "component",
+                 path_normalization: str = "element", use_reduced_cg: bool = False,
+                 internal_weights: Optional[bool] = None, shared_weights: Optional[bool] = None,
+                 num_elements: Optional[int] = None, *, implementation: Optional[str] = None, dtype=None,
+                 device=None, _couplings=None):
+        super().__init__()
+        for name, value, allowed in (("irrep_normalization", irrep_normalization, IRREP_NORMALIZATIONS),
+                                     ("path_normalization", path_normalization, PATH_NORMALIZATIONS)):
+            if value is not None and value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if use_reduced_cg and _couplings is None:
+            raise NotImplementedError("use_reduced_cg=True (cuequivariance's reduced basis) is not built here; "
+                                      "load such a MACE module with SymmetricContraction.from_mace")
+        internal_weights = True if internal_weights is None else bool(internal_weights)
+        if internal_weights and shared_weights is not None and not shared_weights:
+            raise ValueError("internal_weights=True needs shared_weights True or None")
+        if isinstance(num_elements, bool) or not isinstance(num_elements, (int, np.integer)) or num_elements < 1:
+            raise ValueError(f"num_elements must be a positive int, got {num_elements!r}")
+        backends._check_name(implementation)
+        self.irreps_in = parse_irreps(irreps_in, "irreps_in")
+        self.irreps_out = parse_irreps(irreps_out, "irreps_out")
+        muls = {term.mul for term in self.irreps_in}
+        if len(muls) != 1 or 0 in muls:
+            raise ValueError(f"irreps_in must give every irrep one positive multiplicity (the channels), got "
+                             f"{irreps_text(self.irreps_in)}")
+        self.channels = muls.pop()
+        if not self.irreps_out or any(term.mul != self.channels for term in self.irreps_out):
+            raise ValueError(f"irreps_out must give every irrep the multiplicity of irreps_in ({self.channels}), "
+                             f"got {irreps_text(self.irreps_out)}")
+        self.correlation = _correlations(correlation, self.irreps_out)
+        self.num_elements = int(num_elements)
+        self.internal_weights, self.shared_weights = internal_weights, shared_weights
+        self.implementation = implementation
+        coupling = tuple(term.ir for term in self.irreps_in)
+        self.dim_in = sum(ir.dim for ir in coupling)
+        if _couplings is None:
+            _couplings = [[mace_couplings(coupling, term.ir, nu) for nu in range(order, 0, -1)]
+                          for term, order in zip(self.irreps_out, self.correlation)]
+        self.blocks = _couplings
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        self.contractions = torch.nn.ModuleList(
+            _Weights([(self.num_elements, block.paths, self.channels) for block in blocks], internal_weights, dtype,
+                     device) for blocks in self.blocks)
+        self.program, B = _program(self.channels, self.dim_in, [term.ir for term in self.irreps_out], self.blocks)
+        self.register_buffer("couplings", torch.as_tensor(B, dtype=dtype, device=device), persistent=False)
+
+    def extra_repr(self) -> str:
+        return (f"{irreps_text(self.irreps_in)} -> {irreps_text(self.irreps_out)}, correlation={self.correlation}, "
+                f"num_elements={self.num_elements}, terms={self.couplings.shape[0]}")
+
+    @classmethod
+    def from_mace(cls, module, *, implementation: Optional[str] = None) -> "SymmetricContraction":
+        """The contraction of a ``mace.modules.symmetric_contraction.SymmetricContraction`` with its weights
+        (copied) and its own coupling tensors (any basis MACE built them in), on the weights' device and dtype.
+
+        Raises:
+            TypeError: ``module`` is not MACE's symmetric contraction.
+        """
+        contractions = getattr(module, "contractions", None)
+        if contractions is None or not hasattr(module, "irreps_in") or not hasattr(module, "irreps_out"):
+            raise TypeError(f"module must be MACE's SymmetricContraction, got {type(module).__name__}")
+        irreps_in = parse_irreps(module.irreps_in, "module.irreps_in")
+        irreps_out = parse_irreps(module.irreps_out, "module.irreps_out")
+        dim_in = sum(term.ir.dim for term in irreps_in)
+        blocks, weights = [], []
+        for term, contraction in zip(irreps_out, contractions):
+            order = int(contraction.correlation)
+            tensors = [contraction.weights_max, *contraction.weights]
+            buffers = dict(contraction.named_buffers())
+            found = []
+            for nu in range(order, 0, -1):
+                U = buffers[f"U_matrix_{nu}"].detach().cpu()
+                tolerance = 64 * torch.finfo(U.dtype).eps
+                found.append(couplings_from_dense(U.to(torch.float64).numpy(), term.ir.dim, dim_in, nu, tolerance))
+            blocks.append(found)
+            weights.append(tensors)
+        first = weights[0][0]
+        made = cls(irreps_in, irreps_out, [len(b) for b in blocks], num_elements=first.shape[0],
+                   implementation=implementation, dtype=first.dtype, device=first.device, _couplings=blocks)
+        with torch.no_grad():
+            for ours, theirs in zip(made.contractions, weights):
+                for target, source in zip(ours.tensors(), theirs):
+                    target.copy_(source.detach())
+        return made
+
+    def weight_table(self, weights=None) -> torch.Tensor:
+        """``P [num_elements, terms * channels]``: each element's weight of every term, ``B @ W``."""
+        if weights is None:
+            if not self.internal_weights:
+                raise ValueError("this module has no internal weights: pass weights")
+            weights = [c.tensors() for c in self.contractions]
+        flat = [w for per_irrep in weights for w in per_irrep]
+        W = torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
+        return torch.matmul(self.couplings, W).reshape(self.num_elements, -1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weights=None) -> torch.Tensor:
+        """The contraction of node features ``x`` for elements ``y``.
+
+        Args:
+            x: ``[nodes, channels, sum(2l+1)]`` float32 or float64 tensor (MACE's layout), on the weights' device.
+            y: one-hot ``[nodes, num_elements]`` (MACE's node attributes) or integer element indices ``[nodes]``.
+            weights: only for ``internal_weights=False``: per output irrep, the list
+                ``[weights_max, *weights]`` of ``[num_elements, paths, channels]`` tensors.
+
+        Returns:
+            ``[nodes, channels * sum(2L+1)]``: per output irrep ``L``, ``[channels, 2L+1]`` (MACE's output).
+
+        Raises:
+            TypeError: ``x`` not a floating tensor of the weights' dtype.
+            ValueError: shapes that do not fit, tensors on another device, a ``y`` that is not one-hot.
+            IndexError: element indices out of range.
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != self.couplings.dtype:
+            raise TypeError(f"x has dtype {x.dtype} but the module's weights are {self.couplings.dtype}")
+        if x.dim() != 3 or x.shape[1] != self.channels or x.shape[2] != self.dim_in:
+            raise ValueError(f"x must be [nodes, {self.channels}, {self.dim_in}], got shape {tuple(x.shape)}")
+        if x.device != self.couplings.device:
+            raise ValueError(f"x is on {x.device} but the module is on {self.couplings.device}")
+        if isinstance(y, torch.Tensor) and y.device != x.device:
+            raise ValueError(f"y is on {y.device} but x is on {x.device}")
+        if isinstance(y, torch.Tensor) and y.shape[0] != x.shape[0]:
+            raise ValueError(f"y has {y.shape[0]} rows but x has {x.shape[0]} nodes")
+        if (weights is None) != self.internal_weights:
+            raise ValueError("weights must be given exactly when the module has no internal weights")
+        elements = prepare(y, self.num_elements, "y")
+        table = self.weight_table(weights)
+        flat = x.reshape(x.shape[0], -1)
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        implementation = backends.get_default_implementation() if self.implementation is None else self.implementation
+        return evaluate(self.program, [flat, table], elements, implementation)[0]
+
+
+def _program(channels: int, dim_in: int, irreps_out, blocks) -> tuple:
+    """The forward :class:`~sparse_accumulation.polynomials.Program` and ``B [terms, paths]`` (block diagonal
+    over the output irreps and orders, paths in MACE's parameter order)."""
+    bases, steps, offset = [], [], 0
+    for ir in irreps_out:
+        bases += [offset + M for M in range(ir.dim)]
+        steps += [ir.dim] * ir.dim
+        offset += channels * ir.dim
+    output = Slot(LANE, ColumnMap(tuple(bases), tuple(steps), offset))
+    terms, rows, columns, values = [], [], [], []
+    t0 = k0 = component0 = 0
+    for ir, per_order in zip(irreps_out, blocks):
+        for block in per_order:
+            for t, (M, monomial) in enumerate(zip(block.components, block.monomials)):
+                terms.append((component0 + int(M), 1.0, [(0, int(i)) for i in monomial] + [(1, t0 + t)]))
+            r, c = np.nonzero(block.B)
+            rows += (r + t0).tolist()
+            columns += (c + k0).tolist()
+            values += block.B[r, c].tolist()
+            t0 += len(block.components)
+            k0 += block.paths
+        component0 += ir.dim
+    B = np.zeros((t0, k0))
+    B[rows, columns] = values
+    program = Program(channels, (lane_slot(dim_in, channels), element_slot(t0, channels)), (output,), [terms])
+    return program, B
