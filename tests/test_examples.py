@@ -3,6 +3,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from rotation_helpers import random_unit_vectors, real_sph_harm
@@ -17,6 +18,7 @@ def _load(name):
     return module
 
 
+@pytest.mark.slow
 def test_invariant_energy_learns_and_is_rotation_invariant(capsys, generator):
     example = _load("invariant_energy")
     seed = str(generator.initial_seed())
@@ -50,6 +52,7 @@ def test_invariant_energy_target_is_rotation_invariant(generator):
     assert energy.abs().min() > 0 and not torch.allclose(energy, example.target_energy(clouds * 1.1))
 
 
+@pytest.mark.slow
 def test_interaction_model_learns_energies_and_forces(capsys, generator):
     """The NequIP-like potential trains (its loss falls), and its energies are invariant and forces equivariant
     under rotations."""

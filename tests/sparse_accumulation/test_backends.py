@@ -43,6 +43,7 @@ def _python(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=120)
 
 
+@pytest.mark.slow
 def test_environment_variable_sets_default():
     result = _python("import sparse_accumulation as sa; print(sa.get_default_implementation())",
                      SPARSE_ACCUMULATION_IMPLEMENTATION="torch")
@@ -52,6 +53,7 @@ def test_environment_variable_sets_default():
     assert result.returncode != 0 and "SPARSE_ACCUMULATION_IMPLEMENTATION" in result.stderr
 
 
+@pytest.mark.slow
 def test_auto_falls_back_with_one_warning_when_numba_is_missing():
     code = (
         "import sys, warnings\n"

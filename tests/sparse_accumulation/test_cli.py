@@ -67,6 +67,7 @@ def wrong_numba(monkeypatch):
     monkeypatch.setattr(numba_cpu, "accumulate", wrong)
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_table_json_and_charts(tmp_path, capsys):
     code = main(["bench", "--quick", "--l", "2", "1", "2", "--l", "1", "1", "1", "--output", str(tmp_path),
                  "--implementations", "numba,torch,dense,sparse,loops,elementwise", "--grad-c", *TINY])
@@ -270,6 +271,7 @@ def test_cuda_requested_without_cuda(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_module_help_in_a_subprocess():
     result = subprocess.run([sys.executable, "-m", "sparse_accumulation", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)

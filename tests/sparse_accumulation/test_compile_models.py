@@ -81,6 +81,7 @@ def _check_step(model, step, positions, src, dst):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_compiled_model_step_matches_eager_on_the_cpu(generator):
     model = EveryEntryPoint()
     positions = torch.randn(7, 3, generator=generator, dtype=torch.float64).requires_grad_()

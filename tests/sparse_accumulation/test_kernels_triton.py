@@ -378,6 +378,7 @@ def test_generated_source_is_cached_on_disk(tmp_path, monkeypatch):
     assert len(files) == 1 and open(tmp_path / files[0]).read() == source
 
 
+@pytest.mark.slow
 def test_public_api_gradients_on_triton():
     """sa.accumulate(implementation="triton") and a weighted rule with broadcasting: first and second
     derivatives match the float64 references."""

@@ -12,6 +12,7 @@ from products_helpers import DDP_TIMEOUT_S, ddp_data, ddp_worker, free_port, loo
 WORLD_SIZE = 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
 def test_ddp_matches_single_process(tmp_path, monkeypatch):
     # the single-process reference first: it compiles the kernels into the disk cache, so the workers load
