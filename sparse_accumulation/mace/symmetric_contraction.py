@@ -232,7 +232,7 @@ class SymmetricContraction(torch.nn.Module):
             raise ValueError("weights must be given exactly when the module has no internal weights")
         elements = prepare(y, self.num_elements, "y")
         table = self.weight_table(weights)
-        flat = x.reshape(x.shape[0], -1)
+        flat = x.reshape(x.shape[0], self.channels * self.dim_in)
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
         implementation = backends.get_default_implementation() if self.implementation is None else self.implementation

@@ -1,0 +1,130 @@
+"""Element-weighted polynomial programs (:mod:`sparse_accumulation.polynomials`) on the CPU kernels (numba,
+torch) against a brute-force float64 reference: outputs, derivative programs (lane and element outputs), the
+registered op (opcheck) and its gradients to second order against finite differences."""
+import pytest
+import torch
+
+from polynomial_helpers import random_elements, random_operands, random_program, reference
+from sparse_accumulation.elements import Elements
+from sparse_accumulation.polynomial_ops import evaluate, polynomial_kernels
+from sparse_accumulation.polynomials import Program, Slot, element_slot, lane_slot
+
+IMPLEMENTATIONS = ("numba", "torch")
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("nodes", [1, 9, 70])
+def test_kernels_equal_the_reference(generator, implementation, nodes):
+    program = random_program(generator)
+    elements = random_elements(generator, nodes, 3)
+    tensors = random_operands(generator, program, nodes, 3)
+    got = polynomial_kernels(implementation).run(program, tensors, elements, (0,))
+    assert torch.allclose(got[0], reference(program, tensors, elements)[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_derivative_programs_equal_the_reference(generator, implementation):
+    """Gradients of x (lane output) and P (element output: a sum over each element's nodes), as programs."""
+    program = random_program(generator)
+    elements = random_elements(generator, 75, 4)  # several tiles of one element
+    tensors = random_operands(generator, program, 75, 4)
+    cotangent = torch.randn(75, program.outputs[0].width, generator=generator, dtype=torch.float64)
+    derivative = program.derivative((0, 1, 2), (True,))
+    got = polynomial_kernels(implementation).run(derivative, tensors + [cotangent], elements, (0, 1, 2))
+    expected = reference(derivative, tensors + [cotangent], elements)
+    for a, b in zip(got, expected):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    # and the derivative program is the derivative: autograd of the reference's torch twin
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    out = _torch_reference(program, leaves, elements)
+    for a, b in zip(got, torch.autograd.grad(out, leaves, cotangent)):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _torch_reference(program, tensors, elements):
+    """The program's output as differentiable torch operations, term by term."""
+    gathered = [t[elements.tensor] if slot.kind == "element" else t for slot, t in zip(program.operands, tensors)]
+    slot = program.outputs[0]
+    out = tensors[0].new_zeros(len(elements), slot.width)
+    for component, coefficient, factors in program.terms[0]:
+        product = coefficient
+        for s, m in factors:
+            column_map = program.operands[s].map
+            columns = column_map.base[m] + torch.arange(program.channels) * column_map.step[m]
+            product = product * gathered[s][:, columns]
+        target = slot.map.base[component] + torch.arange(program.channels) * slot.map.step[component]
+        out = out.index_add(1, target, product)
+    return out
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_gradients_to_second_order_match_finite_differences(generator, implementation):
+    program = random_program(generator, channels=2, size_x=3, size_p=4, terms=8)
+    elements = random_elements(generator, 7, 2)
+    tensors = [t.requires_grad_() for t in random_operands(generator, program, 7, 2)]
+    function = lambda *ts: evaluate(program, list(ts), elements, implementation)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(function, tensors)
+    assert torch.autograd.gradgradcheck(function, tensors)
+
+
+def test_registered_op_passes_opcheck(generator):
+    program = random_program(generator)
+    elements = random_elements(generator, 11, 3)
+    tensors = [t.requires_grad_() for t in random_operands(generator, program, 11, 3)]
+    args = (tensors, elements.tensor, elements.order, elements.starts, program.key, [0], "numba")
+    torch.library.opcheck(torch.ops.sparse_accumulation.polynomial.default, args)
+
+
+def test_float32_accumulates_in_float32_close_to_float64(generator):
+    program = random_program(generator)
+    elements = random_elements(generator, 40, 3)
+    tensors = random_operands(generator, program, 40, 3)
+    expected = reference(program, tensors, elements)[0]
+    for implementation in IMPLEMENTATIONS:
+        got = evaluate(program, [t.float() for t in tensors], elements, implementation)[0]
+        assert got.dtype == torch.float32
+        assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+
+
+def test_elements_tiles_cover_every_node_once_with_one_element_each(generator):
+    elements = random_elements(generator, 103, 5)
+    table, offsets = elements.tiles(8)
+    seen = []
+    for t in range(table.shape[1]):
+        element, start, end = table[:, t].tolist()
+        nodes = elements.order[start:end]
+        assert end - start <= 8
+        assert (elements.tensor[nodes] == element).all()
+        seen += nodes.tolist()
+        if offsets[element] <= t < offsets[element + 1]:
+            continue
+        assert start == end  # the padding tiles past the last element's are empty
+    assert sorted(seen) == list(range(103))
+
+
+def test_programs_are_interned_and_checked():
+    x, p = lane_slot(2, 3), element_slot(2, 3)
+    a = Program(3, (x, p), (x,), [[(0, 1.0, [(0, 0), (1, 1)])]])
+    assert Program(3, (x, p), (x,), [[(0, 0.5, [(1, 1), (0, 0)]), (0, 0.5, [(0, 0), (1, 1)])]]) is a
+    assert Program.from_key(a.key) is a
+    with pytest.raises(ValueError, match="reads component 5 of operand 0"):
+        Program(3, (x, p), (x,), [[(0, 1.0, [(0, 5)])]])
+    with pytest.raises(ValueError, match="writes component 2"):
+        Program(3, (x, p), (x,), [[(2, 1.0, [(0, 0)])]])
+    with pytest.raises(ValueError, match="channels must be a positive int"):
+        Program(0, (x,), (x,), [[]])
+    with pytest.raises(ValueError, match="Slot of kind"):
+        Program(3, (Slot("edge", x.map),), (x,), [[]])
+    with pytest.raises(ValueError, match="no polynomial program"):
+        Program.from_key("poly1:unknown")
+
+
+def test_elements_refuse_bad_input():
+    with pytest.raises(TypeError, match="elements must have an integer dtype"):
+        Elements(torch.zeros(3), 2)
+    with pytest.raises(ValueError, match="elements must be 1-D"):
+        Elements(torch.zeros(3, 1, dtype=torch.int64), 2)
+    with pytest.raises(IndexError, match="out of range for num_elements=2"):
+        Elements(torch.tensor([0, 2]), 2)
+    with pytest.raises(ValueError, match="num_elements must be a positive int"):
+        Elements(torch.tensor([0]), 0)
