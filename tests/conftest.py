@@ -19,3 +19,33 @@ def pytest_runtest_makereport(item, call):
     seed = getattr(item, "random_seed", None)
     if report.failed and seed is not None:
         report.sections.append(("random seed", f"torch.Generator().manual_seed({seed})"))
+
+
+# On a machine with a spare core, a whole-suite run compiles the CPU kernels in a child process
+# (`sparse-accumulation warmup`) while the first tests run: the tests then load most kernels from numba's disk
+# cache instead of compiling each one when it is first called. Set SPARSE_ACCUMULATION_TEST_WARMUP=0 to turn
+# it off; a run of a few tests never starts it.
+_WARMUP_MIN_TESTS = 200
+_warmup = None
+
+
+def pytest_collection_finish(session):
+    global _warmup
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    wanted = os.environ.get("SPARSE_ACCUMULATION_TEST_WARMUP", "1") != "0"
+    if (not wanted or len(session.items) < _WARMUP_MIN_TESTS or (os.cpu_count() or 1) < 2
+            or importlib.util.find_spec("numba") is None):
+        return
+    _warmup = subprocess.Popen([sys.executable, "-m", "sparse_accumulation", "warmup", "--quiet"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               preexec_fn=(lambda: os.nice(10)) if hasattr(os, "nice") else None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _warmup is not None and _warmup.poll() is None:
+        _warmup.terminate()
+        _warmup.wait()
