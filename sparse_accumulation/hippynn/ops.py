@@ -80,36 +80,40 @@ def _(env, sense, pair_first, pair_second, implementation):
     return env.new_empty((env.shape[0], env.shape[2]))
 
 
+#: each sum's gradients: per differentiable input, the sum that computes it and its data arguments from
+#: (output gradient, first input, second input)
+GRADIENTS = {
+    "envsum": (("sensesum", lambda g, a, b: (g, b)), ("featsum", lambda g, a, b: (g, a))),
+    "sensesum": (("envsum", lambda g, a, b: (g, b)), ("featsum", lambda g, a, b: (a, g))),
+    "featsum": (("envsum", lambda g, a, b: (b, g)), ("sensesum", lambda g, a, b: (a, g))),
+}
+
+
+def gradients(name: str, saved, needs, grad, call) -> tuple:
+    """The gradients of sum ``name`` with respect to its two data inputs (``None`` where not needed), each
+    computed by ``call(sum_name, x, y, pair_first, pair_second)``; ``saved`` holds the sum's data inputs and
+    indices, ``needs`` whether each input needs its gradient."""
+    a, b, pair_first, pair_second = saved
+    return tuple(call(op, *arguments(grad, a, b), pair_first, pair_second) if need else None
+                 for (op, arguments), need in zip(GRADIENTS[name], needs[:2]))
+
+
 def _setup(ctx, inputs, output):
     first, second, pair_first, pair_second, implementation = inputs
     ctx.save_for_backward(first, second, pair_first, pair_second)
     ctx.implementation = implementation
 
 
-def _envsum_grad(ctx, grad):
-    s, z, pair_first, pair_second = ctx.saved_tensors
-    need_s, need_z = ctx.needs_input_grad[:2]
-    ds = sensesum(grad, z, pair_first, pair_second, ctx.implementation) if need_s else None
-    dz = featsum(grad, s, pair_first, pair_second, ctx.implementation) if need_z else None
-    return ds, dz, None, None, None
+def _gradient_of(name: str):
+    def backward(ctx, grad):
+        def call(op, x, y, pair_first, pair_second):
+            return _OPS[op](x, y, pair_first, pair_second, ctx.implementation)
+
+        return gradients(name, ctx.saved_tensors, ctx.needs_input_grad, grad, call) + (None, None, None)
+
+    return backward
 
 
-def _sensesum_grad(ctx, grad):
-    env, z, pair_first, pair_second = ctx.saved_tensors
-    need_env, need_z = ctx.needs_input_grad[:2]
-    denv = envsum(grad, z, pair_first, pair_second, ctx.implementation) if need_env else None
-    dz = featsum(env, grad, pair_first, pair_second, ctx.implementation) if need_z else None
-    return denv, dz, None, None, None
-
-
-def _featsum_grad(ctx, grad):
-    env, sense, pair_first, pair_second = ctx.saved_tensors
-    need_env, need_sense = ctx.needs_input_grad[:2]
-    denv = envsum(sense, grad, pair_first, pair_second, ctx.implementation) if need_env else None
-    dsense = sensesum(env, grad, pair_first, pair_second, ctx.implementation) if need_sense else None
-    return denv, dsense, None, None, None
-
-
-envsum.register_autograd(_envsum_grad, setup_context=_setup)
-sensesum.register_autograd(_sensesum_grad, setup_context=_setup)
-featsum.register_autograd(_featsum_grad, setup_context=_setup)
+_OPS = {"envsum": envsum, "sensesum": sensesum, "featsum": featsum}
+for _name, _op in _OPS.items():
+    _op.register_autograd(_gradient_of(_name), setup_context=_setup)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from .. import backends
+from .. import eager as _eager
 from ..kernels import hippynn_reference, pair_segments
-from . import ops
+from . import eager, ops
 
 __all__ = ["envsum", "sensesum", "featsum", "IMPLEMENTATIONS"]
 
@@ -119,6 +120,9 @@ def envsum(sensitivities, features, pair_first, pair_second, *, implementation=N
     if name == "index_add":
         return _reference(hippynn_reference.envsum, (sensitivities, features), pair_first, pair_second,
                           features.shape[0])
+    if _eager.applies(sensitivities, features, pair_first, pair_second):
+        return eager.run("envsum", sensitivities, features, pair_first, pair_second,
+                         ops.kernels(name, features.device))
     return ops.envsum(sensitivities, features, pair_first, pair_second, name)
 
 
@@ -149,6 +153,8 @@ def sensesum(env, features, pair_first, pair_second, *, implementation=None):
     name = _implementation(implementation, env.device)
     if name == "index_add":
         return _reference(hippynn_reference.sensesum, (env, features), pair_first, pair_second, env.shape[0])
+    if _eager.applies(env, features, pair_first, pair_second):
+        return eager.run("sensesum", env, features, pair_first, pair_second, ops.kernels(name, env.device))
     return ops.sensesum(env, features, pair_first, pair_second, name)
 
 
@@ -178,4 +184,6 @@ def featsum(env, sense, pair_first, pair_second, *, implementation=None):
     name = _implementation(implementation, env.device)
     if name == "index_add":
         return _reference(hippynn_reference.featsum, (env, sense), pair_first, pair_second, env.shape[0])
+    if _eager.applies(env, sense, pair_first, pair_second):
+        return eager.run("featsum", env, sense, pair_first, pair_second, ops.kernels(name, env.device))
     return ops.featsum(env, sense, pair_first, pair_second, name)

@@ -1,9 +1,13 @@
 """Triton kernels of the interaction sums (:mod:`sparse_accumulation.hippynn`); CUDA tensors, or CPU tensors
 under ``TRITON_INTERPRET=1`` (set before this module is imported).
 
-One program per atom (and block of ``nu`` or ``feat``) sums the pairs of its CSR segment (:mod:`.pair_segments`)
-in blocks of ``BLOCK_P`` pairs, in the segment's fixed order: no atomics, every output element written once,
-results reproducible run to run.
+One small program (one warp by default) per atom and block of ``nu`` / ``feat`` sums the pairs of the atom's
+CSR segment (:mod:`.pair_segments`) in blocks of ``BLOCK_P`` pairs, in the segment's fixed order: no atomics
+(except in the optional :data:`FEATSUM` ``= "atomic"``), every output element written once, results
+reproducible run to run. The programs of one atom are adjacent in the grid (their rows are read from memory
+once), and the other index is prepared in segment order once per index tensor, so a program's chain of
+dependent loads is short: segment bounds, then its pairs and their other atoms side by side, then the rows.
+Programs are small because the sums are bound by how many segments are in flight at once, not by arithmetic.
 
 * ``envsum``: per atom ``a`` (segments by ``pair_first``), ``env[a] = s[seg]^T @ z[pair_second[seg]]``, a
   ``[nu, P] x [P, feat]`` product per block of pairs (``tl.dot``);
@@ -11,15 +15,19 @@ results reproducible run to run.
   a ``[P, feat] x [feat, nu]`` product per block of pairs, written to the pairs' own rows;
 * ``featsum``: per atom ``b`` (segments by ``pair_second``), ``feat[b] = sum over the pairs and nu of
   sense[p, nu] * env[pair_first[p], nu]``: rows of env gathered ``BLOCK_P * BLOCK_NU`` at a time, multiplied and
-  accumulated elementwise, reduced once at the end. With :data:`FEATSUM` ``= "atomic"`` instead per atom ``a``
-  (segments by ``pair_first``) ``sense[seg] @ env[a]`` with ``tl.dot``, env read once, added to the second
-  atoms' rows with atomic adds (faster where env is large, not reproducible bit for bit).
+  accumulated elementwise, reduced once at the end (env's rows are read once per pair, mostly from L2). With
+  :data:`FEATSUM` ``= "atomic"`` instead per atom ``a`` (segments by ``pair_first``) ``sense[seg] @ env[a]``
+  with ``tl.dot``, env read once, added to the second atoms' rows with atomic adds (faster where env is large,
+  not reproducible bit for bit).
 
-float32 products use ``tl.dot`` with ``input_precision="ieee"`` (:data:`FLOAT32_PRECISION`; ``"tf32"`` would
-round the inputs to 10 bits), 16-bit inputs multiply on tensor cores into float32, float64 multiplies
-elementwise (no ``tl.dot``). A pair whose gathered atom index is out of range contributes nothing (its loads are
-masked; the range check itself is :mod:`.pair_segments`' device-side assertion); a pair whose segment index
-is out of range is in no segment. Offsets are 64-bit. No intermediate of more than one block per program.
+float32 products use ``tl.dot`` with ``input_precision`` :data:`FLOAT32_PRECISION`: by default ``"ieee"``
+(float32 multiply-adds) for envsum, whose products are only a block of pairs deep, and ``"tf32x3"`` for the
+others (each operand split into two tf32 parts on the tensor cores, the small-by-small product left out: about
+2^-22 of each term, float32 accuracy); ``"tf32"`` alone would round the inputs to 10 bits and is not offered.
+16-bit inputs multiply on tensor cores into float32, float64 multiplies elementwise (no ``tl.dot``). A pair
+whose gathered atom index is out of range contributes nothing (its loads are masked; the range check itself is
+:mod:`.pair_segments`' device-side assertion); a pair whose segment index is out of range is in no segment.
+Offsets are 64-bit. No intermediate of more than one block per program.
 """
 from __future__ import annotations
 
@@ -31,24 +39,29 @@ import triton.language as tl
 
 from . import pair_segments
 
-#: ``input_precision`` of the float32 products ("ieee": exact float32 multiply-adds)
-FLOAT32_PRECISION = "ieee"
-#: elements of a program's largest register tile
-TILE_ELEMENTS = 4096
+#: ``input_precision`` of the float32 products: "auto" ("ieee" for envsum, "tf32x3" for sensesum and the atomic
+#: featsum), "tf32x3" or "ieee" for all; environment ``SPARSE_ACCUMULATION_HIPPYNN_PRECISION``
+FLOAT32_PRECISION = os.environ.get("SPARSE_ACCUMULATION_HIPPYNN_PRECISION", "auto")
+FLOAT32_PRECISIONS = ("auto", "tf32x3", "ieee")
+_AUTO_PRECISION = {"envsum": "ieee", "sensesum": "tf32x3", "featsum_atomic": "tf32x3"}
 #: how featsum sums: ``"segments"`` (by ``pair_second``, deterministic) or ``"atomic"`` (by ``pair_first`` with
 #: ``tl.dot``, env read once, atomic adds: the order of the sums, and the last bits, vary from run to run);
 #: environment ``SPARSE_ACCUMULATION_HIPPYNN_FEATSUM``
 FEATSUM = os.environ.get("SPARSE_ACCUMULATION_HIPPYNN_FEATSUM", "segments")
 FEATSUM_MODES = ("segments", "atomic")
+#: block shapes, warps and stages by kernel ("envsum", "sensesum", "featsum", "featsum_atomic"), overriding the
+#: defaults of :func:`_blocks` (``{"envsum": {"BLOCK_P": 32, "num_warps": 2}}``): for benchmarks
+CONFIG: dict = {}
 
 
 @triton.jit
 def _pairs(order_ptr, other_ptr, i, end, n_atoms):
     """For positions ``i`` of a segment ending at ``end``: ``(inside, p, atom, ok)``: whether a position is in
-    the segment, its pair, the pair's other atom (int64), and whether the pair counts (atom in range)."""
+    the segment, its pair, the pair's other atom (int64, read from the other index in segment order, so both
+    loads are issued together), and whether the pair counts (atom in range)."""
     inside = i < end
     p = tl.load(order_ptr + i, mask=inside, other=0)
-    atom = tl.load(other_ptr + p, mask=inside, other=0).to(tl.int64)
+    atom = tl.load(other_ptr + i, mask=inside, other=0).to(tl.int64)
     return inside, p, atom, inside & (atom >= 0) & (atom < n_atoms)
 
 
@@ -70,9 +83,13 @@ def _product(x, y, MODE: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexp
 def _envsum_kernel(s_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu, n_feat,
                    BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr, MODE: tl.constexpr,
                    PRECISION: tl.constexpr, ACC: tl.constexpr):
-    a = tl.program_id(0).to(tl.int64)
-    nu = tl.program_id(1) * BLOCK_NU + tl.arange(0, BLOCK_NU)
-    f = tl.program_id(2) * BLOCK_F + tl.arange(0, BLOCK_F)
+    # programs of one atom adjacent (its rows of s read once from memory): atom, then block of nu, of feat
+    blocks_f = tl.cdiv(n_feat, BLOCK_F)
+    blocks = tl.cdiv(n_nu, BLOCK_NU) * blocks_f
+    pid = tl.program_id(0)
+    a = (pid // blocks).to(tl.int64)
+    nu = (pid % blocks) // blocks_f * BLOCK_NU + tl.arange(0, BLOCK_NU)
+    f = pid % blocks_f * BLOCK_F + tl.arange(0, BLOCK_F)
     nu_ok = nu < n_nu
     f_ok = f < n_feat
     start = tl.load(offsets_ptr + a)
@@ -91,8 +108,10 @@ def _envsum_kernel(s_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_
 def _sensesum_kernel(env_ptr, z_ptr, second_ptr, order_ptr, offsets_ptr, out_ptr, n_atoms, n_nu, n_feat,
                      BLOCK_P: tl.constexpr, BLOCK_NU: tl.constexpr, BLOCK_F: tl.constexpr, MODE: tl.constexpr,
                      PRECISION: tl.constexpr, ACC: tl.constexpr):
-    a = tl.program_id(0).to(tl.int64)
-    nu = tl.program_id(1) * BLOCK_NU + tl.arange(0, BLOCK_NU)
+    blocks = tl.cdiv(n_nu, BLOCK_NU)  # programs of one atom adjacent: atom, then block of nu
+    pid = tl.program_id(0)
+    a = (pid // blocks).to(tl.int64)
+    nu = pid % blocks * BLOCK_NU + tl.arange(0, BLOCK_NU)
     nu_ok = nu < n_nu
     start = tl.load(offsets_ptr + a)
     end = tl.load(offsets_ptr + a + 1)
@@ -161,9 +180,9 @@ def _pow2(n: int, low: int, high: int) -> int:
 
 
 def _mode(dtype: torch.dtype) -> int:
-    """How the products of envsum and sensesum multiply: 0 float32 ``tl.dot``, 1 16-bit ``tl.dot`` into float32,
-    2 float64 elementwise, 3 16-bit inputs converted to float32 first (bfloat16 under the interpreter, whose
-    ``tl.dot`` multiplies bfloat16 bit patterns as integers)."""
+    """How the products multiply: 0 float32 ``tl.dot``, 1 16-bit ``tl.dot`` into float32, 2 float64
+    elementwise, 3 16-bit inputs converted to float32 first (bfloat16 under the interpreter, whose ``tl.dot``
+    multiplies bfloat16 bit patterns as integers)."""
     if dtype == torch.float64:
         return 2
     if dtype == torch.float32:
@@ -175,24 +194,51 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def _product_blocks(n_nu: int, n_feat: int, dtype: torch.dtype) -> tuple:
-    """``(BLOCK_P, BLOCK_NU, BLOCK_F, num_warps)`` of envsum and sensesum."""
-    if dtype == torch.float64:  # elementwise products: a [P, NU, F] tile
-        return 8, _pow2(n_nu, 1, 16), _pow2(n_feat, 1, 32), 4
-    block_nu, block_f = _pow2(n_nu, 16, 64), _pow2(n_feat, 16, 128)
-    return 32, block_nu, block_f, 8 if block_nu * block_f > TILE_ELEMENTS else 4
+def _precision(kernel: str) -> str:
+    if FLOAT32_PRECISION not in FLOAT32_PRECISIONS:
+        raise ValueError(f"hippynn_triton.FLOAT32_PRECISION must be one of {FLOAT32_PRECISIONS}, "
+                         f"got {FLOAT32_PRECISION!r}")
+    return _AUTO_PRECISION[kernel] if FLOAT32_PRECISION == "auto" else FLOAT32_PRECISION
 
 
-def _products(kernel, a, b, second, order, offsets, out, grid_nu_feat: bool):
-    """Launch envsum's or sensesum's kernel (one program per atom and block of nu, and of feat where
-    ``grid_nu_feat``)."""
+def _blocks(kernel: str, n_nu: int, n_feat: int, dtype: torch.dtype) -> dict:
+    """Block shapes, ``num_warps`` and ``num_stages`` of ``kernel`` ("envsum", "sensesum", "featsum",
+    "featsum_atomic"), :data:`CONFIG` overriding them. Chosen on an H200 at hippynn's sizes
+    (``benchmarks/hippynn_triton_variants.py``): programs of one warp where the tiles allow it."""
+    wide = dtype == torch.float64
+    if kernel == "featsum":  # [BLOCK_P * BLOCK_NU, BLOCK_F] terms
+        if wide:
+            found = dict(BLOCK_P=8, BLOCK_NU=min(_pow2(n_nu, 1, 8), 4), BLOCK_F=_pow2(n_feat, 1, 32), num_warps=2)
+        else:
+            found = dict(BLOCK_P=4, BLOCK_NU=_pow2(n_nu, 1, 8), BLOCK_F=_pow2(n_feat, 1, 32), num_warps=1)
+    elif wide:  # elementwise products: a [P, NU, F] tile
+        found = dict(BLOCK_P=8, BLOCK_NU=_pow2(n_nu, 1, 16), BLOCK_F=_pow2(n_feat, 1, 32), num_warps=4)
+    elif kernel == "envsum":
+        if n_nu <= 32:
+            found = dict(BLOCK_P=16, BLOCK_NU=_pow2(n_nu, 16, 32), BLOCK_F=_pow2(n_feat, 16, 32), num_warps=1)
+        else:
+            found = dict(BLOCK_P=16, BLOCK_NU=64, BLOCK_F=_pow2(n_feat, 16, 64), num_warps=4)
+    elif kernel == "sensesum":
+        block_nu = _pow2(n_nu, 16, 64)
+        found = dict(BLOCK_P=32, BLOCK_NU=block_nu, BLOCK_F=16, num_warps=1, num_stages=2 if block_nu <= 32 else 1)
+    else:  # featsum_atomic
+        found = dict(BLOCK_P=16, BLOCK_NU=_pow2(n_nu, 16, 32), BLOCK_F=_pow2(n_feat, 16, 32), num_warps=1)
+    found.setdefault("num_stages", 1)
+    found.update(CONFIG.get(kernel, {}))
+    return found
+
+
+def _products(kernel, name, a, b, second, order, offsets, out, grid_nu_feat: bool):
+    """Launch envsum's or sensesum's kernel: one program per atom and block of nu (and of feat where
+    ``grid_nu_feat``), on one grid axis with the programs of an atom adjacent."""
     n_atoms, n_nu, n_feat = b.shape[0], a.shape[1], b.shape[1]  # a: s or env, b: features
     a, b = a.contiguous(), b.contiguous()
-    block_p, block_nu, block_f, warps = _product_blocks(n_nu, n_feat, a.dtype)
-    grid = (n_atoms, triton.cdiv(n_nu, block_nu)) + ((triton.cdiv(n_feat, block_f),) if grid_nu_feat else ())
-    kernel[grid](a, b, second, order, offsets, out, n_atoms, n_nu, n_feat, BLOCK_P=block_p, BLOCK_NU=block_nu,
-                 BLOCK_F=block_f, MODE=_mode(a.dtype), PRECISION=FLOAT32_PRECISION, ACC=_acc(a.dtype),
-                 num_warps=warps)
+    blocks = _blocks(name, n_nu, n_feat, a.dtype)
+    programs = n_atoms * triton.cdiv(n_nu, blocks["BLOCK_NU"])
+    if grid_nu_feat:
+        programs *= triton.cdiv(n_feat, blocks["BLOCK_F"])
+    kernel[(programs,)](a, b, second, order, offsets, out, n_atoms, n_nu, n_feat, MODE=_mode(a.dtype),
+                        PRECISION=_precision(name), ACC=_acc(a.dtype), **blocks)
     return out
 
 
@@ -200,44 +246,43 @@ def envsum(sensitivities, features, pair_first, pair_second):
     """``env[pair_first[p], nu, f] += sensitivities[p, nu] * features[pair_second[p], f]``: ``[n_atoms, n_nu,
     n_feat]`` (see :func:`sparse_accumulation.hippynn.envsum`); tensors whose shapes were checked."""
     n_atoms, n_feat = features.shape
-    order, offsets, second = pair_segments.prepare(pair_first, "pair_first", pair_second, "pair_second", n_atoms)
+    order, offsets, second = pair_segments.prepare_sorted(pair_first, "pair_first", pair_second, "pair_second",
+                                                          n_atoms)
     out = features.new_empty((n_atoms, sensitivities.shape[1], n_feat))
     if out.numel() == 0:
         return out
-    return _products(_envsum_kernel, sensitivities, features, second, order, offsets, out, True)
+    return _products(_envsum_kernel, "envsum", sensitivities, features, second, order, offsets, out, True)
 
 
 def sensesum(env, features, pair_first, pair_second):
     """``sense[p, nu] = sum_f env[pair_first[p], nu, f] * features[pair_second[p], f]``: ``[n_pairs, n_nu]``
     (see :func:`sparse_accumulation.hippynn.sensesum`); tensors whose shapes were checked."""
     n_atoms, n_nu, n_feat = env.shape
-    order, offsets, second = pair_segments.prepare(pair_first, "pair_first", pair_second, "pair_second", n_atoms)
+    order, offsets, second = pair_segments.prepare_sorted(pair_first, "pair_first", pair_second, "pair_second",
+                                                          n_atoms)
     out = env.new_empty((pair_first.shape[0], n_nu))
     if out.numel() == 0 or n_feat == 0:
         return out.zero_()
-    return _products(_sensesum_kernel, env, features, second, order, offsets, out, False)
+    return _products(_sensesum_kernel, "sensesum", env, features, second, order, offsets, out, False)
 
 
 def featsum(env, sense, pair_first, pair_second):
     """``feat[pair_second[p], f] += sum_nu env[pair_first[p], nu, f] * sense[p, nu]``: ``[n_atoms, n_feat]``
     (see :func:`sparse_accumulation.hippynn.featsum`); tensors whose shapes were checked."""
-    n_atoms, n_nu, n_feat = env.shape
     if FEATSUM not in FEATSUM_MODES:
         raise ValueError(f"hippynn_triton.FEATSUM must be one of {FEATSUM_MODES}, got {FEATSUM!r}")
     if FEATSUM == "atomic":
         return _featsum_atomic(env, sense, pair_first, pair_second)
-    order, offsets, first = pair_segments.prepare(pair_second, "pair_second", pair_first, "pair_first", n_atoms)
+    n_atoms, n_nu, n_feat = env.shape
+    order, offsets, first = pair_segments.prepare_sorted(pair_second, "pair_second", pair_first, "pair_first",
+                                                         n_atoms)
     out = env.new_empty((n_atoms, n_feat))
     if out.numel() == 0:
         return out
     e, s = env.contiguous(), sense.contiguous()
-    wide = env.dtype == torch.float64
-    block_f = _pow2(n_feat, 1, 64 if wide else 128)
-    terms = max(1, (TILE_ELEMENTS // 2 if wide else TILE_ELEMENTS) // block_f)
-    block_nu = min(_pow2(n_nu, 1, 8), terms)
-    grid = (n_atoms, triton.cdiv(n_feat, block_f))
-    _featsum_kernel[grid](e, s, first, order, offsets, out, n_atoms, n_nu, n_feat, BLOCK_P=terms // block_nu,
-                          BLOCK_NU=block_nu, BLOCK_F=block_f, ACC=_acc(e.dtype), num_warps=4)
+    blocks = _blocks("featsum", n_nu, n_feat, e.dtype)
+    grid = (n_atoms, triton.cdiv(n_feat, blocks["BLOCK_F"]))
+    _featsum_kernel[grid](e, s, first, order, offsets, out, n_atoms, n_nu, n_feat, ACC=_acc(e.dtype), **blocks)
     return out
 
 
@@ -245,13 +290,14 @@ def _featsum_atomic(env, sense, pair_first, pair_second):
     """featsum by ``pair_first``: per atom ``a``, ``sense[seg] @ env[a]`` (``[P, nu] x [nu, feat]``, env read
     once) added to the rows of the pairs' second atoms with atomic adds (in float32, or float64)."""
     n_atoms, n_nu, n_feat = env.shape
-    order, offsets, second = pair_segments.prepare(pair_first, "pair_first", pair_second, "pair_second", n_atoms)
+    order, offsets, second = pair_segments.prepare_sorted(pair_first, "pair_first", pair_second, "pair_second",
+                                                          n_atoms)
     acc = torch.zeros((n_atoms, n_feat), dtype=torch.float64 if env.dtype == torch.float64 else torch.float32,
                       device=env.device)
     if acc.numel() and n_nu and sense.shape[0]:
         e, s = env.contiguous(), sense.contiguous()
-        block_p, block_nu, block_f, warps = _product_blocks(n_nu, n_feat, e.dtype)
-        _featsum_atomic_kernel[(n_atoms, triton.cdiv(n_feat, block_f))](
-            e, s, second, order, offsets, acc, n_atoms, n_nu, n_feat, BLOCK_P=block_p, BLOCK_NU=block_nu,
-            BLOCK_F=block_f, MODE=_mode(e.dtype), PRECISION=FLOAT32_PRECISION, ACC=_acc(e.dtype), num_warps=warps)
-    return acc.to(env.dtype)
+        blocks = _blocks("featsum_atomic", n_nu, n_feat, e.dtype)
+        _featsum_atomic_kernel[(n_atoms, triton.cdiv(n_feat, blocks["BLOCK_F"]))](
+            e, s, second, order, offsets, acc, n_atoms, n_nu, n_feat, MODE=_mode(e.dtype),
+            PRECISION=_precision("featsum_atomic"), ACC=_acc(e.dtype), **blocks)
+    return acc if acc.dtype == env.dtype else acc.to(env.dtype)

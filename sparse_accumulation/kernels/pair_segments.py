@@ -99,6 +99,43 @@ def prepare(by, by_name: str, other, other_name: str, n_atoms: int) -> tuple:
     return order, offsets, entry.long()
 
 
+def prepare_sorted(by, by_name: str, other, other_name: str, n_atoms: int) -> tuple:
+    """As :func:`prepare`, with the other index in segment order (``other[order]``), so a kernel reads a
+    pair's other atom beside the pair instead of through it. Remembered for the pair of tensors (one dictionary
+    lookup per call once made)."""
+    return _remembered(("sorted", by_name, other_name, n_atoms), by, other,
+                       lambda: _make_sorted(by, by_name, other, other_name, n_atoms))
+
+
+def _make_sorted(by, by_name, other, other_name, n_atoms):
+    entry = lookup(by, n_atoms)
+    order, offsets = entry.segments(by_name)
+    other_entry = lookup(other, n_atoms)
+    other_entry.check(other_name)
+    return order, offsets, other_entry.long()[order]
+
+
+#: prepared tensors of recent pairs of index tensors: key -> (first, second, versions, value)
+_pairs_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
+
+
+def _remembered(what: tuple, a: torch.Tensor, b: torch.Tensor, make):
+    """``make()`` for index tensors ``a`` and ``b``, remembered while both are the same unchanged tensors (as
+    :func:`lookup` remembers one; references are kept)."""
+    key = what + (a._cdata, b._cdata)
+    hit = _pairs_cache.get(key)
+    if hit is not None and hit[0] is a and hit[1] is b and hit[2] == (a._version, b._version) and not (
+            a.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return hit[3]
+    value = make()
+    if _cacheable(a) and _cacheable(b):
+        with _lock:
+            _pairs_cache[key] = (a, b, (a._version, b._version), value)
+            while len(_pairs_cache) > CACHE_SIZE:
+                _pairs_cache.popitem(last=False)
+    return value
+
+
 def device_segments(key: torch.Tensor, n_atoms: int) -> tuple:
     """``(order, offsets)`` of an int64 ``key`` with device operations only (no host synchronisation); pairs
     whose key lies outside ``[0, n_atoms)`` are in no segment."""
@@ -137,3 +174,4 @@ def clear_cache() -> None:
     """Forget every remembered index tensor."""
     with _lock:
         _cache.clear()
+        _pairs_cache.clear()

@@ -190,3 +190,79 @@ def test_cuda_out_of_range_index_fails_the_device_assertion(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "pair_second holds an atom index outside [0, 4)" in result.stderr or "device-side assert" in result.stderr
+
+
+@here
+@pytest.mark.parametrize("precision", ["auto", "tf32x3", "ieee"])
+def test_float32_precisions(generator, precision, monkeypatch):
+    """Every float32 product precision within float32's tolerance (unsorted, repeated and self pairs, an atom
+    without pairs); an unknown one is refused."""
+    kernels = _kernels()
+    monkeypatch.setattr(kernels, "FLOAT32_PRECISION", precision)
+    s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=9, n_pairs=60, n_nu=6, n_feat=10,
+                                                         dtype=torch.float32))
+    for name in SUMS + ["featsum, atomic"]:
+        monkeypatch.setattr(kernels, "FEATSUM", "atomic" if name.endswith("atomic") else "segments")
+        name = name.split(",")[0]
+        args = arguments(name, s, z, env, first, second)
+        assert_close_to_oracle(getattr(kernels, name)(*args), LOOPS[name](*args), torch.float32)
+    monkeypatch.setattr(kernels, "FLOAT32_PRECISION", "tf32")
+    with pytest.raises(ValueError, match="FLOAT32_PRECISION must be one of"):
+        kernels.envsum(s, z, first, second)
+
+
+@here
+def test_block_configurations(generator, monkeypatch):
+    """Other block shapes, warps and stages (hippynn_triton.CONFIG, as the variants benchmark sets them): several
+    blocks of pairs, nu and feat per segment."""
+    kernels = _kernels()
+    monkeypatch.setattr(kernels, "CONFIG", {
+        "envsum": dict(BLOCK_P=16, BLOCK_NU=16, BLOCK_F=16, num_warps=2, num_stages=2),
+        "sensesum": dict(BLOCK_P=16, BLOCK_NU=16, BLOCK_F=16, num_warps=2, num_stages=2),
+        "featsum": dict(BLOCK_P=2, BLOCK_NU=4, BLOCK_F=16, num_warps=1)})
+    s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=5, n_pairs=90, n_nu=37, n_feat=40,
+                                                         dtype=torch.float32))
+    for name in SUMS:
+        args = arguments(name, s, z, env, first, second)
+        assert_close_to_oracle(getattr(kernels, name)(*args), LOOPS[name](*args), torch.float32)
+
+
+@here
+def test_prepared_pairs_are_remembered_per_pair_of_tensors(generator):
+    """The other index in segment order is made once per pair of index tensors and made again after an in-place
+    change of either."""
+    s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=8, n_pairs=30, dtype=torch.float32))
+    prepared = pair_segments.prepare_sorted(first, "pair_first", second, "pair_second", 8)
+    assert pair_segments.prepare_sorted(first, "pair_first", second, "pair_second", 8) is prepared
+    order, offsets, second_sorted = prepared
+    assert torch.equal(second_sorted, second[order])
+    assert torch.equal(first[order], torch.sort(first, stable=True).values)
+    second[0] = (second[0] + 1) % 7
+    again = pair_segments.prepare_sorted(first, "pair_first", second, "pair_second", 8)
+    assert again is not prepared and torch.equal(again[2], second[again[0]])
+    got = _kernels().sensesum(env, z, first, second)
+    assert_close_to_oracle(got, LOOPS["sensesum"](env, z, first, second), torch.float32)
+
+
+@here
+def test_eager_path_and_registered_ops_agree(generator):
+    """The public functions' eager path (autograd Functions calling the kernels) and the registered ops give
+    the same values and gradients, to second order."""
+    from sparse_accumulation.hippynn import ops
+
+    s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=6, n_pairs=25, n_nu=3, n_feat=5))
+    s.requires_grad_()
+    z.requires_grad_()
+
+    def through(envsum, featsum):
+        out = envsum(s, z, first, second)
+        energy = (out ** 2).sum() + featsum(out, s, first, second).sum()
+        (dz,) = torch.autograd.grad(energy, z, create_graph=True)
+        return (out,) + torch.autograd.grad((dz ** 2).sum(), (s, z))
+
+    eager = through(lambda *a: sa.envsum(*a, implementation="triton"),
+                    lambda *a: sa.featsum(*a, implementation="triton"))
+    assert type(eager[0].grad_fn).__name__ == "_SumBackward"
+    registered = through(lambda *a: ops.envsum(*a, "triton"), lambda *a: ops.featsum(*a, "triton"))
+    for got, expected in zip(eager, registered):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
