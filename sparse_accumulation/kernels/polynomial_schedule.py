@@ -104,30 +104,3 @@ def group(program, accumulators) -> Group:
     steps, slots = min(candidates, key=lambda c: len(c[0]))
     factors = tuple(sorted({f for _, _, fs in terms for f in fs}))
     return Group(accumulators, steps, factors, slots)
-
-
-def split_outputs(program, outputs, largest: int) -> list:
-    """Accumulator lists of groups for ``outputs``: all lane outputs' components in one group; element outputs'
-    components in groups of at most ``largest``, cut so that the groups have about equal numbers of terms."""
-    lane, element = [], []
-    for j in outputs:
-        target = lane if program.outputs[j].kind == "lane" else element
-        target += [(j, c) for c in range(program.outputs[j].size)]
-    groups = [lane] if lane else []
-    if element:
-        weight = {}
-        for j, output_terms in enumerate(program.terms):
-            for c, _, _ in output_terms:
-                weight[(j, c)] = weight.get((j, c), 0) + 1
-        count = -(-len(element) // largest)
-        target = sum(weight.get(a, 0) for a in element) / count
-        chunk, done = [], 0.0
-        for a in element:
-            chunk.append(a)
-            done += weight.get(a, 0)
-            if len(chunk) == largest or done >= target:
-                groups.append(chunk)
-                chunk, done = [], 0.0
-        if chunk:
-            groups.append(chunk)
-    return groups

@@ -1,34 +1,31 @@
 """Triton polynomial kernels (CUDA; CPU tensors under ``TRITON_INTERPRET=1``): the contract of
-:mod:`sparse_accumulation.kernels.polynomial`, on kernels generated per program (:mod:`.triton.polynomial_source`).
+:mod:`sparse_accumulation.kernels.polynomial`, on kernels generated per program (:mod:`.triton.polynomial_source`)
+whose terms are tables, so that a kernel compiles in seconds however many terms it has.
 
 A call launches at most two kernels: one for the lane outputs (small tiles of nodes, many programs) and one for
-the element outputs (larger tiles, their components split into groups of programs), whose per-tile partial sums
-are then summed over each element's tiles in order (:func:`.triton_graph.segment_sum`): deterministic, no atomics.
-Kernels are autotuned over the nodes a program handles at once (``BLOCK_R``) and its warps; results never depend
-on the configuration.
+the element outputs (larger tiles, their components split over programs), whose per-tile partial sums are then
+summed over each element's tiles in order (:func:`.triton_graph.segment_sum`): deterministic, no atomics.
+Outputs whose terms have more than one element factor (no program of this library makes them) run on the
+plain torch kernels.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 
 from . import accumulation_dtype
-from .polynomial_schedule import group, split_outputs
+from . import polynomial as torch_polynomial
 
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
 
     from .triton import build, launch
-    from .triton.polynomial_source import block_channels, kernel_source
+    from .triton.polynomial_source import block_channels, fits, kernel_source, tables
     from .triton_graph import segment_sum
 except Exception:  # pragma: no cover - depends on the environment
     triton = None
 
-#: components of an element output one program sums
-GROUP_COMPONENTS = int(os.environ.get("SPARSE_ACCUMULATION_POLYNOMIAL_GROUP", "32"))
-#: ``(BLOCK_R, num_warps)`` configurations, best guess first
-_CONFIGS = ((1, 4), (2, 4))
+#: warps of a program
+NUM_WARPS = 4
 _INT32_LIMIT = 2**31 - 1
 
 
@@ -48,35 +45,48 @@ def element_tile_rows(nodes: int) -> int:
 
 def _kernel(program, outputs: tuple, acc: str):
     def make():
-        groups = [group(program, accumulators) for accumulators in split_outputs(program, outputs, GROUP_COMPONENTS)]
+        found = tables(program, outputs)
         name = build.kernel_name("polynomial", (program.key, outputs, acc))
-        source, pointers, ints = kernel_source(name, program, groups, acc)
+        source, pointers, ints = kernel_source(name, found, program.channels, acc)
         fn = triton.jit(build.load_function(source, name), do_not_specialize=list(ints))
         block_c = block_channels(program.channels)
-        configs = ([triton.Config({"BLOCK_R": 1, "BLOCK_C": block_c}, num_warps=1)] if build.interpreting() else
-                   [triton.Config({"BLOCK_R": r, "BLOCK_C": block_c}, num_warps=w) for r, w in _CONFIGS])
-        return triton.autotune(configs=configs, key=["R_BUCKET"])(fn), pointers, ints, len(groups), block_c
+        configs = [triton.Config({"BLOCK_C": block_c}, num_warps=1 if build.interpreting() else NUM_WARPS)]
+        return triton.autotune(configs=configs, key=["R_BUCKET"])(fn), pointers, ints, found, block_c
 
     return build.cached(("polynomial", program.key, outputs, acc), make)
 
 
+def _device_tables(program, outputs: tuple, found, device, dtype) -> tuple:
+    """The tables as tensors on ``device`` (made once per program, outputs, device and dtype)."""
+    key = ("triton_polynomial_tables", outputs, str(device), dtype)
+    made = program._derived.get(key)
+    if made is None:
+        made = program._derived.setdefault(key, (
+            torch.as_tensor(found.ints, device=device), torch.as_tensor(found.coefficients, dtype=dtype,
+                                                                        device=device)))
+    return made
+
+
 def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int, traceable: bool) -> None:
     operand = tensors[0]
-    acc = "tl.float64" if accumulation_dtype(operand.dtype) == torch.float64 else "tl.float32"
-    kernel, pointer_names, int_names, n_groups, block_c = _kernel(program, outputs, acc)
+    dtype = accumulation_dtype(operand.dtype)
+    acc = "tl.float64" if dtype == torch.float64 else "tl.float32"
+    kernel, pointer_names, int_names, found, block_c = _kernel(program, outputs, acc)
+    ints_table, coefficients = _device_tables(program, outputs, found, operand.device, dtype)
     table, _ = elements.tiles(rows)
     tiles = table.shape[1]
     available = {f"T{s}": t for s, t in enumerate(tensors)}
-    available.update({f"D{j}": t for j, t in targets.items()})
-    available["ORDER"], available["TABLE"] = elements.order, table
+    available.update({f"D{i}": targets[j] for i, j in enumerate(outputs)})
+    available.update(TAB=ints_table, COEF=coefficients, ORDER=elements.order, TABLE=table)
     values = {f"S{s}": t.stride(0) if t.shape[0] > 1 else 0 for s, t in enumerate(tensors)}
-    values.update({f"SD{j}": t.stride(0) for j, t in targets.items()})
-    values.update(NT=tiles, ZERO=0, R_BUCKET=len(elements).bit_length())
+    values.update({f"SD{i}": targets[j].stride(0) for i, j in enumerate(outputs)})
+    values.update(NT=tiles, R_BUCKET=len(elements).bit_length())
     pointers = [available[n] for n in pointer_names]
     ints = [values[n] for n in int_names]
     blocks = triton.cdiv(program.channels, block_c)
+    groups = found.sizes["GROUPS"]
     largest = max([t.numel() for t in tensors] + [t.numel() for t in targets.values()])
-    launch.launch(kernel, lambda meta: (tiles, n_groups, blocks), pointers, ints, device=operand.device,
+    launch.launch(kernel, lambda meta: (tiles, groups, blocks), pointers, ints, device=operand.device,
                   traceable=traceable, tuning=ints[-1], small=largest <= _INT32_LIMIT)
 
 
@@ -88,6 +98,11 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
     lane = tuple(j for j in outputs if program.outputs[j].kind == "lane")
     element = tuple(j for j in outputs if program.outputs[j].kind == "element")
     results = {}
+    for kind in (lane, element):
+        if kind and not fits(program, kind):
+            results.update(zip(kind, torch_polynomial.run(program, tensors, elements, kind)))
+    lane = tuple(j for j in lane if j not in results)
+    element = tuple(j for j in element if j not in results)
     for j in lane:
         slot = program.outputs[j]
         results[j] = (operand.new_empty if slot.map.covers(B) and N else operand.new_zeros)((N, slot.width))

@@ -1,0 +1,103 @@
+"""Triton polynomial kernels (``sparse_accumulation.kernels.triton_polynomial``) against a brute-force float64
+reference and the MACE module on the numba kernels; interpreted on the CPU without a GPU (``interpreted.py``),
+the larger tests marked ``cuda`` only on a GPU (``pytest -m cuda``)."""
+import interpreted
+
+interpreted.enable()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from polynomial_helpers import random_elements, random_operands, random_program, reference  # noqa: E402
+from sparse_accumulation.kernels import triton_polynomial  # noqa: E402
+from sparse_accumulation.kernels.triton.polynomial_source import fits  # noqa: E402
+from sparse_accumulation.mace import SymmetricContraction  # noqa: E402
+from sparse_accumulation.polynomials import Program, element_slot, lane_slot  # noqa: E402
+
+interpreted.restore()
+_interpreter = interpreted.module_fixture()
+DEVICE = interpreted.DEVICE
+
+
+def _on_device(tensors):
+    return [t.to(DEVICE) for t in tensors]
+
+
+def _elements_on_device(elements):
+    from sparse_accumulation.elements import Elements
+
+    return Elements(elements.tensor.to(DEVICE), elements.num_elements)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, pytest.param(torch.float32, marks=pytest.mark.slow)])
+def test_lane_and_element_outputs_equal_the_reference(generator, dtype):
+    """A random program's output (lane) and its derivative program's gradients (lane and element outputs)."""
+    program = random_program(generator, channels=3)
+    elements = random_elements(generator, 21, 3)
+    tensors = random_operands(generator, program, 21, 3)
+    cotangent = torch.randn(21, program.outputs[0].width, generator=generator, dtype=torch.float64)
+    derivative = program.derivative((0, 1, 2), (True,))
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-4
+    for prog, operands, outputs in ((program, tensors, (0,)), (derivative, tensors + [cotangent], (0, 1, 2))):
+        got = triton_polynomial.run(prog, _on_device([t.to(dtype) for t in operands]),
+                                    _elements_on_device(elements), outputs)
+        expected = reference(prog, operands, elements, outputs)
+        scale = max(b.abs().max().item() for b in expected)
+        assert scale > 0
+        for a, b in zip(got, expected):
+            assert a.dtype == dtype
+            assert torch.allclose(a.cpu().double(), b, rtol=tolerance, atol=tolerance * scale)
+
+
+def test_terms_with_two_element_factors_run_on_the_torch_kernels(generator):
+    x, p = lane_slot(2, 2), element_slot(3, 2)
+    program = Program(2, (x, p), (x,), [[(0, 1.5, [(0, 0), (1, 1), (1, 2)]), (1, -0.5, [(0, 1), (1, 0)])]])
+    assert not fits(program, (0,))
+    elements = random_elements(generator, 9, 2)
+    tensors = random_operands(generator, program, 9, 2)
+    got = triton_polynomial.run(program, _on_device(tensors), _elements_on_device(elements), (0,))[0]
+    assert torch.allclose(got.cpu(), reference(program, tensors, elements)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_mace_module_to_second_order_equals_numba(generator):
+    """The module on the Triton kernels: output, gradients of x and weights, and the derivatives of the
+    x-gradient (forces) equal the numba kernels'."""
+    modules = {name: SymmetricContraction("2x0e+2x1o", "2x0e+2x1o", 2, num_elements=2, dtype=torch.float64,
+                                          implementation=name) for name in ("numba", "triton")}
+    state = {k: torch.randn(v.shape, generator=generator, dtype=torch.float64)
+             for k, v in modules["numba"].state_dict().items()}
+    x = torch.randn(7, 2, 4, generator=generator, dtype=torch.float64)
+    elements = torch.randint(0, 2, (7,), generator=generator)
+    direction = torch.randn(7, 2, 4, generator=generator, dtype=torch.float64)
+    found = {}
+    for name, module in modules.items():
+        module.load_state_dict(state)
+        module.to(DEVICE if name == "triton" else "cpu")
+        device = next(module.parameters()).device
+        xs = x.to(device).requires_grad_()
+        out = module(xs, elements.to(device))
+        gx, *gw = torch.autograd.grad((out ** 2).sum(), [xs, *module.parameters()], create_graph=True)
+        second = torch.autograd.grad((gx * direction.to(device)).sum(), [xs, *module.parameters()])
+        found[name] = [t.detach().cpu() for t in (out, gx, *gw, *second)]
+    for a, b in zip(found["triton"], found["numba"]):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.cuda
+@interpreted.cuda
+def test_issue_configuration_on_cuda(generator):
+    """128 channels, l <= 3 -> 0e + 1o, correlation 3, 10 elements, float32: equal to the numba kernels."""
+    irreps_in, irreps_out = "128x0e+128x1o+128x2e+128x3o", "128x0e+128x1o"
+    cpu = SymmetricContraction(irreps_in, irreps_out, 3, num_elements=10, implementation="numba")
+    gpu = SymmetricContraction(irreps_in, irreps_out, 3, num_elements=10, implementation="triton").cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    x = torch.randn(3000, 128, 16, generator=generator)
+    elements = torch.randint(0, 10, (3000,), generator=generator)
+    xs = [x.clone().requires_grad_(), x.cuda().requires_grad_()]
+    outs = [cpu(xs[0], elements), gpu(xs[1], elements.cuda())]
+    assert torch.allclose(outs[1].cpu(), outs[0], rtol=1e-4, atol=1e-4 * outs[0].abs().max().item())
+    grads = [torch.autograd.grad(o.square().sum(), [x_, *m.parameters()]) for o, x_, m in zip(outs, xs, (cpu, gpu))]
+    for a, b in zip(grads[1], grads[0]):
+        assert torch.allclose(a.cpu(), b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
