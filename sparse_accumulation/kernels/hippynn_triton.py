@@ -52,6 +52,8 @@ FEATSUM_MODES = ("segments", "atomic")
 #: block shapes, warps and stages by kernel ("envsum", "sensesum", "featsum", "featsum_atomic"), overriding the
 #: defaults of :func:`_blocks` (``{"envsum": {"BLOCK_P": 32, "num_warps": 2}}``): for benchmarks
 CONFIG: dict = {}
+#: whether the kernels were decorated for the interpreter (fixed when this module is imported)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -175,6 +177,10 @@ def _featsum_atomic_kernel(env_ptr, sense_ptr, second_ptr, order_ptr, offsets_pt
         tl.atomic_add(out_ptr + b[:, None] * n_feat + f[None, :], acc, mask=ok[:, None] & f_ok[None, :])
 
 
+def _cdiv(n: int, d: int) -> int:
+    return -(-n // d)  # triton.cdiv is a constexpr function: microseconds per call from Python
+
+
 def _pow2(n: int, low: int, high: int) -> int:
     return max(low, min(high, triton.next_power_of_2(max(n, 1))))
 
@@ -187,7 +193,7 @@ def _mode(dtype: torch.dtype) -> int:
         return 2
     if dtype == torch.float32:
         return 0
-    return 3 if dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1" else 1
+    return 3 if dtype == torch.bfloat16 and _INTERPRETED else 1
 
 
 def _acc(dtype: torch.dtype):
@@ -228,17 +234,34 @@ def _blocks(kernel: str, n_nu: int, n_feat: int, dtype: torch.dtype) -> dict:
     return found
 
 
+_options: dict = {}
+
+
+def _launch_options(kernel: str, n_nu: int, n_feat: int, dtype: torch.dtype) -> dict:
+    """The keyword arguments of a launch of ``kernel``: :func:`_blocks` with ``MODE``, ``ACC`` and (but for
+    the segment featsum) ``PRECISION``; remembered while :data:`CONFIG` is empty (a call then pays one dictionary
+    lookup)."""
+    key = (kernel, n_nu, n_feat, dtype, FLOAT32_PRECISION)
+    found = _options.get(key) if not CONFIG else None
+    if found is None:
+        found = dict(_blocks(kernel, n_nu, n_feat, dtype), ACC=_acc(dtype))
+        if kernel != "featsum":
+            found.update(MODE=_mode(dtype), PRECISION=_precision(kernel))
+        if not CONFIG:
+            _options[key] = found
+    return found
+
+
 def _products(kernel, name, a, b, second, order, offsets, out, grid_nu_feat: bool):
     """Launch envsum's or sensesum's kernel: one program per atom and block of nu (and of feat where
     ``grid_nu_feat``), on one grid axis with the programs of an atom adjacent."""
     n_atoms, n_nu, n_feat = b.shape[0], a.shape[1], b.shape[1]  # a: s or env, b: features
     a, b = a.contiguous(), b.contiguous()
-    blocks = _blocks(name, n_nu, n_feat, a.dtype)
-    programs = n_atoms * triton.cdiv(n_nu, blocks["BLOCK_NU"])
+    options = _launch_options(name, n_nu, n_feat, a.dtype)
+    programs = n_atoms * _cdiv(n_nu, options["BLOCK_NU"])
     if grid_nu_feat:
-        programs *= triton.cdiv(n_feat, blocks["BLOCK_F"])
-    kernel[(programs,)](a, b, second, order, offsets, out, n_atoms, n_nu, n_feat, MODE=_mode(a.dtype),
-                        PRECISION=_precision(name), ACC=_acc(a.dtype), **blocks)
+        programs *= _cdiv(n_feat, options["BLOCK_F"])
+    kernel[(programs,)](a, b, second, order, offsets, out, n_atoms, n_nu, n_feat, **options)
     return out
 
 
@@ -280,9 +303,9 @@ def featsum(env, sense, pair_first, pair_second):
     if out.numel() == 0:
         return out
     e, s = env.contiguous(), sense.contiguous()
-    blocks = _blocks("featsum", n_nu, n_feat, e.dtype)
-    grid = (n_atoms, triton.cdiv(n_feat, blocks["BLOCK_F"]))
-    _featsum_kernel[grid](e, s, first, order, offsets, out, n_atoms, n_nu, n_feat, ACC=_acc(e.dtype), **blocks)
+    options = _launch_options("featsum", n_nu, n_feat, e.dtype)
+    grid = (n_atoms, _cdiv(n_feat, options["BLOCK_F"]))
+    _featsum_kernel[grid](e, s, first, order, offsets, out, n_atoms, n_nu, n_feat, **options)
     return out
 
 
@@ -296,8 +319,7 @@ def _featsum_atomic(env, sense, pair_first, pair_second):
                       device=env.device)
     if acc.numel() and n_nu and sense.shape[0]:
         e, s = env.contiguous(), sense.contiguous()
-        blocks = _blocks("featsum_atomic", n_nu, n_feat, e.dtype)
-        _featsum_atomic_kernel[(n_atoms, triton.cdiv(n_feat, blocks["BLOCK_F"]))](
-            e, s, second, order, offsets, acc, n_atoms, n_nu, n_feat, MODE=_mode(e.dtype),
-            PRECISION=_precision("featsum_atomic"), ACC=_acc(e.dtype), **blocks)
+        options = _launch_options("featsum_atomic", n_nu, n_feat, e.dtype)
+        _featsum_atomic_kernel[(n_atoms, _cdiv(n_feat, options["BLOCK_F"]))](
+            e, s, second, order, offsets, acc, n_atoms, n_nu, n_feat, **options)
     return acc if acc.dtype == env.dtype else acc.to(env.dtype)
