@@ -313,6 +313,8 @@ def _measure_size(size: str, args, device) -> tuple:
     if found is None:
         return None, failure
     peaks, failure = _run_worker("memory", size, args, [n for n in names if n != FRESH])
+    if peaks is None:
+        print(f"{size}: the memory run failed (peaks reported as -1):\n{failure}", file=sys.stderr)
     peaks = {(name, case): peak for name, case, peak in peaks or []}
     for record in found:
         if "median_ms" in record:
