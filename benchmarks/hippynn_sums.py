@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation.bench import timing  # noqa: E402
-from sparse_accumulation.kernels import hippynn_torch  # noqa: E402
+from sparse_accumulation.kernels import buffers, hippynn_torch  # noqa: E402
 
 SIZES = ("medium", "large", "mega")
 CASES = ("envsum", "sensesum", "featsum", "envsum fwd+bwd", "double backward")
@@ -172,7 +172,7 @@ def _map_large_blocks_afresh() -> bool:
 
 def _peak_bytes(prepare, run, device) -> int:
     """The most memory one call held beyond what was allocated before it (outputs included); -1 if unknown."""
-    sa.kernels.buffers.release()  # our outputs come from kept buffers: count them as new
+    buffers.release()  # our outputs come from kept buffers: count them as new
     args = prepare()
     timing.synchronize(device)
     if device.type == "cuda":
