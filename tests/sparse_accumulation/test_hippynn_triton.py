@@ -266,3 +266,16 @@ def test_eager_path_and_registered_ops_agree(generator):
     registered = through(lambda *a: ops.envsum(*a, "triton"), lambda *a: ops.featsum(*a, "triton"))
     for got, expected in zip(eager, registered):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@here
+def test_inference_tensors_are_served_but_not_remembered(generator):
+    """Index tensors made under inference mode have no version counter: prepared afresh for every call."""
+    with torch.inference_mode():
+        s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=7, n_pairs=30, n_nu=3, n_feat=5,
+                                                             dtype=torch.float32))
+        pair_segments.clear_cache()
+        for name in SUMS:
+            args = arguments(name, s, z, env, first, second)
+            assert_close_to_oracle(getattr(_kernels(), name)(*args), LOOPS[name](*args), torch.float32)
+        assert not pair_segments._pairs_cache
