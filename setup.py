@@ -27,7 +27,8 @@ setup(
     ],
     extras_require={
         "plot": ["matplotlib>=3.7"],  # the charts of `sparse-accumulation bench --output DIR`
-        "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7", "hippynn>=0.1.3"],
+        "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7", "hippynn>=0.1.3",
+                 "opt_einsum_fx>=0.1.4"],
     },
     entry_points={"console_scripts": ["sparse-accumulation = sparse_accumulation.cli:main"]},
 )

@@ -21,6 +21,7 @@ EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementation
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   pytest.param("message_passing.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
+                  "mace.rst",
                   pytest.param("hippynn.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("hippynn") is None, reason="the page's last example needs hippynn"))]
 

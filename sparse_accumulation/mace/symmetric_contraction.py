@@ -2,7 +2,7 @@
 
 :class:`SymmetricContraction` takes the constructor and call of ``mace.modules.SymmetricContraction`` (mace-torch
 0.3.16) and holds the same parameters (``contractions[i].weights_max`` and ``contractions[i].weights``, one
-``[num_elements, paths, channels]`` tensor per correlation order). Per node and channel it computes
+``[num_elements, paths, channels]`` tensor per correlation order). Per node and channel it computes::
 
     out[L, M] = sum over orders nu, paths k: W_nu[element, k, channel] * sum U_nu[M, i_1..i_nu, k] x[i_1]..x[i_nu]
 
@@ -25,8 +25,8 @@ from ..e3nn import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
 from ..elements import prepare
 from ..polynomial_ops import evaluate
 from ..polynomials import LANE, Program, Slot, element_slot, lane_slot
-from .couplings import Couplings, couplings_from_dense, mace_couplings
-from .irreps import Irrep, irreps_text, parse_irreps
+from .couplings import couplings_from_dense, mace_couplings
+from .irreps import irreps_text, parse_irreps
 
 
 
@@ -161,6 +161,7 @@ class SymmetricContraction(torch.nn.Module):
 
         Raises:
             TypeError: ``module`` is not MACE's symmetric contraction.
+            ValueError: ``module`` holds no weights of its own.
         """
         contractions = getattr(module, "contractions", None)
         if contractions is None or not hasattr(module, "irreps_in") or not hasattr(module, "irreps_out"):
@@ -171,7 +172,10 @@ class SymmetricContraction(torch.nn.Module):
         blocks, weights = [], []
         for term, contraction in zip(irreps_out, contractions):
             order = int(contraction.correlation)
-            tensors = [contraction.weights_max, *contraction.weights]
+            tensors = [contraction.weights_max, *(contraction.weights or ())]
+            if not all(isinstance(t, torch.Tensor) for t in tensors):
+                raise ValueError("module has no internal weights (MACE's internal_weights=False): from_mace copies "
+                                 "a module's own weights")
             buffers = dict(contraction.named_buffers())
             found = []
             for nu in range(order, 0, -1):

@@ -1,37 +1,22 @@
-"""MACE's own symmetric contraction as the reference of the ``sparse_accumulation.mace`` tests.
-
-mace-torch's package ``__init__`` files import its training tools (pandas, ase, torch-ema ...); :func:`mace_module`
-puts empty ``mace``, ``mace.tools`` and ``mace.modules`` package objects (their ``__path__`` the installed
-folders) into ``sys.modules`` first and imports only ``mace.modules.symmetric_contraction`` (which needs e3nn and
-opt_einsum_fx). Tests skip, saying so, where mace-torch or those are not installed.
-"""
+"""MACE's own symmetric contraction as the reference of the ``sparse_accumulation.mace`` tests, loaded by
+:func:`sparse_accumulation.mace.reference.mace_symmetric_contraction_module` (without mace's package imports).
+Tests skip, saying so, where mace-torch, e3nn or opt_einsum_fx are not installed."""
 import functools
-import importlib
-import importlib.util
-import sys
-import types
 
 import pytest
 import torch
+
+from sparse_accumulation.mace.reference import mace_symmetric_contraction_module
 
 
 def mace_module():
     """``mace.modules.symmetric_contraction``, or skip the test."""
     pytest.importorskip("e3nn")
     pytest.importorskip("opt_einsum_fx")
-    found = sys.modules.get("mace.modules.symmetric_contraction")
-    if found is not None:
-        return found
-    spec = importlib.util.find_spec("mace")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("mace-torch is not installed (pip install --no-deps mace-torch opt_einsum_fx opt_einsum)")
-    root = spec.submodule_search_locations[0]
-    for name, path in (("mace", root), ("mace.tools", f"{root}/tools"), ("mace.modules", f"{root}/modules")):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [path]
-            sys.modules[name] = package
-    return importlib.import_module("mace.modules.symmetric_contraction")
+    try:
+        return mace_symmetric_contraction_module()
+    except ImportError as error:
+        pytest.skip(str(error))
 
 
 @functools.lru_cache(maxsize=None)
