@@ -19,6 +19,7 @@ gradient is :meth:`ChannelRule.swapped`.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import NamedTuple, Optional
@@ -58,9 +59,15 @@ class ColumnMap(NamedTuple):
         return cols
 
     def covers(self, channels: int) -> bool:
-        """Whether the map writes every column of a row (else an output must start from zeros)."""
-        cols = self.columns(channels)
-        return np.unique(cols[cols != ONE]).size == self.width
+        """Whether the map writes every column of a row (else an output must start from zeros); remembered per
+        map and channel count (kernels ask on every call)."""
+        return _covers(self, channels)
+
+
+@functools.lru_cache(maxsize=4096)
+def _covers(column_map: ColumnMap, channels: int) -> bool:
+    cols = column_map.columns(channels)
+    return np.unique(cols[cols != ONE]).size == column_map.width
 
 
 def contiguous_map(size: int, channels: int) -> ColumnMap:

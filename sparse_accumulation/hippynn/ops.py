@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from .. import backends
+from ..kernels import pair_segments
 
 _NAMESPACE = "sparse_accumulation"
 _KERNEL_MODULES = {
@@ -50,19 +51,22 @@ def kernels(implementation: str, device):
 def envsum(sensitivities: Tensor, features: Tensor, pair_first: Tensor, pair_second: Tensor,
            implementation: str) -> Tensor:
     """``env[pair_first[p], nu, f] += sensitivities[p, nu] * features[pair_second[p], f]``."""
-    return kernels(implementation, features.device).envsum(sensitivities, features, pair_first, pair_second)
+    with pair_segments.unremembered():  # compiled graphs call the op: see pair_segments
+        return kernels(implementation, features.device).envsum(sensitivities, features, pair_first, pair_second)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::sensesum", mutates_args=())
 def sensesum(env: Tensor, features: Tensor, pair_first: Tensor, pair_second: Tensor, implementation: str) -> Tensor:
     """``sense[p, nu] = sum_f env[pair_first[p], nu, f] * features[pair_second[p], f]``."""
-    return kernels(implementation, env.device).sensesum(env, features, pair_first, pair_second)
+    with pair_segments.unremembered():
+        return kernels(implementation, env.device).sensesum(env, features, pair_first, pair_second)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::featsum", mutates_args=())
 def featsum(env: Tensor, sense: Tensor, pair_first: Tensor, pair_second: Tensor, implementation: str) -> Tensor:
     """``feat[pair_second[p], f] += sum_nu env[pair_first[p], nu, f] * sense[p, nu]``."""
-    return kernels(implementation, env.device).featsum(env, sense, pair_first, pair_second)
+    with pair_segments.unremembered():
+        return kernels(implementation, env.device).featsum(env, sense, pair_first, pair_second)
 
 
 @envsum.register_fake

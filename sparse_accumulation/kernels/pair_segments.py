@@ -21,13 +21,16 @@ How each is made depends on the device:
 :func:`lookup` remembers the check and the segments of recent index tensors (:data:`CACHE_SIZE` of them), keyed
 by the tensor itself (a reference is kept, so it cannot be freed and replaced by another at the same address),
 its version counter (any in-place change through torch makes a new entry) and ``n_atoms``: a forward and its
-backward sort each index once. Not cached: inference tensors (they have no version counter) and calls made while
-a CUDA graph is captured (the capture must record the sort, or a replay would reuse stale segments). Index
+backward sort each index once. Not cached: inference tensors (they have no version counter), calls made while
+a CUDA graph is captured (the capture must record the sort, or a replay would reuse stale segments) and calls
+inside :func:`unremembered` (the registered ops, which compiled graphs call: their warm-up runs allocate from a
+CUDA graph's private memory pool, where a remembered tensor would outlive the graph's outputs). Index
 tensors changed behind torch's back (through a numpy view of their memory) are not noticed; call
 :func:`clear_cache` after doing that.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 
@@ -38,6 +41,19 @@ CACHE_SIZE = 8
 
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple, PairIndex]" = OrderedDict()
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def unremembered():
+    """Within this context (per thread), index tensors are prepared afresh: nothing is looked up in or added to
+    the caches."""
+    depth = getattr(_local, "depth", 0)
+    _local.depth = depth + 1
+    try:
+        yield
+    finally:
+        _local.depth = depth
 
 
 def _host_tools():
@@ -122,17 +138,17 @@ _pairs_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
 def _remembered(what: tuple, a: torch.Tensor, b: torch.Tensor, make):
     """``make()`` for index tensors ``a`` and ``b``, remembered while both are the same unchanged tensors (as
     :func:`lookup` remembers one; references are kept)."""
+    if not (_cacheable(a) and _cacheable(b)):
+        return make()
     key = what + (a._cdata, b._cdata)
     hit = _pairs_cache.get(key)
-    if hit is not None and hit[0] is a and hit[1] is b and hit[2] == (a._version, b._version) and not (
-            a.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if hit is not None and hit[0] is a and hit[1] is b and hit[2] == (a._version, b._version):
         return hit[3]
     value = make()
-    if _cacheable(a) and _cacheable(b):
-        with _lock:
-            _pairs_cache[key] = (a, b, (a._version, b._version), value)
-            while len(_pairs_cache) > CACHE_SIZE:
-                _pairs_cache.popitem(last=False)
+    with _lock:
+        _pairs_cache[key] = (a, b, (a._version, b._version), value)
+        while len(_pairs_cache) > CACHE_SIZE:
+            _pairs_cache.popitem(last=False)
     return value
 
 
@@ -149,7 +165,7 @@ def _version(key: torch.Tensor):
 
 
 def _cacheable(key: torch.Tensor) -> bool:
-    if key.is_inference():
+    if key.is_inference() or getattr(_local, "depth", 0):
         return False
     return not (key.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 

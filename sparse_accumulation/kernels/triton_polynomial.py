@@ -99,7 +99,7 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
     element = tuple(j for j in outputs if program.outputs[j].kind == "element")
     results = {}
     for kind in (lane, element):
-        if kind and not fits(program, kind):
+        if kind and not program._cached(("triton_fits", kind), lambda: fits(program, kind)):
             results.update(zip(kind, torch_polynomial.run(program, tensors, elements, kind)))
     lane = tuple(j for j in lane if j not in results)
     element = tuple(j for j in element if j not in results)

@@ -59,3 +59,21 @@ def test_export_keeps_the_ops(generator):
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert {f"sparse_accumulation.{name}.default" for name in OPS} <= targets
     assert_close_to_oracle(program.module()(*inputs), _expected(module, *inputs), torch.float64)
+
+
+@pytest.mark.parametrize("name", ["envsum", "sensesum", "featsum"])
+def test_registered_ops_remember_no_index_tensors(generator, name):
+    """The registered ops (what compiled graphs call) prepare the pair indices afresh on every call and keep
+    nothing (a tensor kept from a CUDA graph's warm-up run would outlive the graph's outputs in its memory
+    pool), with the same values as the oracle; the public eager path still remembers them."""
+    from sparse_accumulation.hippynn import ops
+    from sparse_accumulation.kernels import pair_segments
+
+    s, z, env, first, second = random_inputs(generator)
+    args = arguments(name, s, z, env, first, second)
+    pair_segments.clear_cache()
+    got = getattr(ops, name)(*args, "numba")
+    assert not pair_segments._cache and not pair_segments._pairs_cache
+    assert_close_to_oracle(got, LOOPS[name](*args), torch.float64)
+    getattr(sa, name)(*args, implementation="numba")
+    assert pair_segments._cache
