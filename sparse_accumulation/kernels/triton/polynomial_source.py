@@ -156,7 +156,10 @@ def kernel_source(name: str, found: Tables, channels: int, acc: str) -> tuple:
     off, size = found.offsets, found.sizes
     element_out = size["ELEMENT"]
     width = "TCH" if element_out else "MPAD"
-    lines = ["import triton", "import triton.language as tl", "", "",
+    # a local combine function and tl.full instead of tl.sum and tl.zeros: triton's own @jit helpers are
+    # created once, when triton is imported, and would not run under an interpreter turned on after that
+    lines = ["import triton", "import triton.language as tl", "", "", "@triton.jit", "def _add(a, b):",
+             "    return a + b", "", "",
              f"# polynomial kernel: {size['NCH']} blocks of {TCH} terms, {channels} channels",
              f"def {name}({', '.join(pointers + ints)}, BLOCK_C: tl.constexpr):"]
     emit = lambda text, depth=1: lines.append("    " * depth + text)  # noqa: E731
@@ -171,7 +174,7 @@ def kernel_source(name: str, found: Tables, channels: int, acc: str) -> tuple:
     emit(f"lo = tl.load(TAB + {off['LO']} + col)[None, :]")
     emit(f"lb = tl.load(TAB + {off['LB']} + col)[None, :]")
     emit(f"ls = tl.load(TAB + {off['LS']} + col)[None, :]")
-    emit("ones = tl.where(lo == -1, 1.0, 0.0).to(%s) + tl.zeros([BLOCK_C, LPAD], dtype=%s)" % (acc, acc))
+    emit("ones = tl.where(lo == -1, 1.0, 0.0).to(%s) + tl.full([BLOCK_C, LPAD], 0, dtype=%s)" % (acc, acc))
     emit("slot = tl.arange(0, TCH)")
     if element_out:
         emit("rows = g * TCH + slot")
@@ -183,7 +186,7 @@ def kernel_source(name: str, found: Tables, channels: int, acc: str) -> tuple:
     emit(f"ab = tl.load(TAB + {off['AB']} + rows)[None, :]")
     emit(f"ast = tl.load(TAB + {off['AS']} + rows)[None, :]")
     if element_out:
-        emit(f"acc = tl.zeros([BLOCK_C, {width}], dtype={acc})")
+        emit(f"acc = tl.full([BLOCK_C, {width}], 0, dtype={acc})")
     emit("for p in range(start, end):")
     emit("node = tl.load(ORDER + p)", 2)
     emit("L = ones", 2)
@@ -193,11 +196,11 @@ def kernel_source(name: str, found: Tables, channels: int, acc: str) -> tuple:
     if element_out:
         emit("for k in range(b0, b1):", 2)
     else:
-        emit(f"acc = tl.zeros([BLOCK_C, {width}], dtype={acc})", 2)
+        emit(f"acc = tl.full([BLOCK_C, {width}], 0, dtype={acc})", 2)
         emit(f"for k in range({size['NCH']}):", 2)
     body = 3
     emit("base = k * TCH + slot", body)
-    emit(f"prod = tl.load(COEF + base).to({acc})[None, :] + tl.zeros([BLOCK_C, TCH], dtype={acc})", body)
+    emit(f"prod = tl.load(COEF + base).to({acc})[None, :] + tl.full([BLOCK_C, TCH], 0, dtype={acc})", body)
     if found.element_operands:
         emit(f"eo = tl.load(TAB + {off['EO']} + base)[None, :]", body)
         emit(f"eb = tl.load(TAB + {off['EB']} + base)[None, :]", body)
@@ -206,7 +209,7 @@ def kernel_source(name: str, found: Tables, channels: int, acc: str) -> tuple:
             emit(f"prod *= tl.load(T{s} + element * S{s} + eb + ch[:, None] * es, mask=cmask & (eo == {s}), "
                  f"other=1.0).to({acc})", body)
     for f in range(size["DEGREE"]):
-        emit(f"i{f} = tl.load(TAB + {off[f'LF{f}']} + base)[None, :] + tl.zeros([BLOCK_C, TCH], dtype=tl.int32)",
+        emit(f"i{f} = tl.load(TAB + {off[f'LF{f}']} + base)[None, :] + tl.full([BLOCK_C, TCH], 0, dtype=tl.int32)",
              body)
         emit(f"prod *= tl.gather(L, i{f}, axis=1)", body)
     if element_out:
@@ -214,7 +217,7 @@ def kernel_source(name: str, found: Tables, channels: int, acc: str) -> tuple:
         target, depth = "t", 1
     else:
         emit(f"owner = tl.load(TAB + {off['CA']} + k)", body)
-        emit("acc += tl.where(rows[None, :] == owner, tl.sum(prod, axis=1)[:, None], 0.0)", body)
+        emit("acc += tl.where(rows[None, :] == owner, tl.reduce(prod, 1, _add)[:, None], 0.0)", body)
         target, depth = "node", 2
     for j in range(len(found.outputs)):
         emit(f"tl.store(D{j} + {target} * SD{j} + ab + ch[:, None] * ast, acc.to(D{j}.dtype.element_ty), "
