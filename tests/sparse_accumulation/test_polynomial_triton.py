@@ -61,6 +61,17 @@ def test_terms_with_two_element_factors_run_on_the_torch_kernels(generator):
     assert torch.allclose(got.cpu(), reference(program, tensors, elements)[0], rtol=1e-12, atol=1e-12)
 
 
+def test_outputs_without_terms_are_zeros(generator):
+    """A lane and an element output asked for alone whose terms are none: zeros."""
+    x, p = lane_slot(3, 2), element_slot(2, 2)
+    program = Program(2, (x, p), (x, p, x), [[(0, 1.0, [(0, 0), (1, 1)])], [], []])
+    elements = random_elements(generator, 9, 2)
+    tensors = random_operands(generator, program, 9, 2)
+    for output in (1, 2):
+        got = triton_polynomial.run(program, _on_device(tensors), _elements_on_device(elements), (output,))[0]
+        assert torch.equal(got.cpu(), torch.zeros_like(reference(program, tensors, elements)[output]))
+
+
 def test_mace_module_to_second_order_equals_numba(generator):
     """The module on the Triton kernels: output, gradients of x and weights, and the derivatives of the
     x-gradient (forces) equal the numba kernels'."""

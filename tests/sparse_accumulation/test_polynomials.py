@@ -128,3 +128,22 @@ def test_elements_refuse_bad_input():
         Elements(torch.tensor([0, 2]), 2)
     with pytest.raises(ValueError, match="num_elements must be a positive int"):
         Elements(torch.tensor([0]), 0)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_outputs_without_terms_are_zeros(generator, implementation):
+    """Outputs asked for alone whose terms are none (the gradient of an operand no term reads) are zeros, not
+    uninitialised memory (the allocator is first handed blocks full of NaN of the outputs' sizes)."""
+    channels = 2
+    terms = [[(0, 1.0, [(0, 0), (1, 1)])], [(1, 1.0, [(0, 2), (1, 0)])], []]
+    program = Program(channels, (lane_slot(3, channels), element_slot(2, channels), lane_slot(2, channels)),
+                      (lane_slot(2, channels), element_slot(2, channels), lane_slot(2, channels)), terms)
+    elements = random_elements(generator, 9, 2)
+    tensors = random_operands(generator, program, 9, 2)
+    for output in (1, 2):
+        for _ in range(3):
+            del_me = torch.full((9, 2 * channels), float("nan"), dtype=torch.float64)
+            del del_me
+            got = evaluate(program, tensors, elements, implementation, outputs=[output])[0]
+            expected = reference(program, tensors, elements)[output]
+            assert torch.equal(got, expected) if output == 2 else torch.allclose(got, expected, rtol=1e-12)
