@@ -151,3 +151,10 @@ def test_from_mace_float32(generator):
 def test_from_mace_refuses_other_modules():
     with pytest.raises(TypeError, match="module must be MACE's SymmetricContraction"):
         SymmetricContraction.from_mace(torch.nn.Linear(2, 2))
+
+
+def test_from_mace_refuses_a_module_without_its_weights(generator):
+    theirs = copy.deepcopy(mace_contraction(*SMALL, generator))
+    theirs.contractions[0].weights_max = None
+    with pytest.raises(ValueError, match="no internal weights"):
+        SymmetricContraction.from_mace(theirs)
