@@ -138,11 +138,7 @@ class _Plan:
 
 
 def _plan(program, outputs) -> _Plan:
-    key = ("numba_polynomial", outputs)
-    found = program._derived.get(key)
-    if found is None:
-        found = program._derived.setdefault(key, _Plan(program, outputs))
-    return found
+    return program._cached(("numba_polynomial", outputs), lambda: _Plan(program, outputs))
 
 
 def _flat(t: torch.Tensor, dtype: torch.dtype) -> np.ndarray:

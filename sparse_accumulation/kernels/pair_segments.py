@@ -138,7 +138,7 @@ _pairs_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
 def _remembered(what: tuple, a: torch.Tensor, b: torch.Tensor, make):
     """``make()`` for index tensors ``a`` and ``b``, remembered while both are the same unchanged tensors (as
     :func:`lookup` remembers one; references are kept)."""
-    if not (_cacheable(a) and _cacheable(b)):
+    if not _cacheable(a, b):
         return make()
     key = what + (a._cdata, b._cdata)
     hit = _pairs_cache.get(key)
@@ -164,10 +164,11 @@ def _version(key: torch.Tensor):
     return None if key.is_inference() else key._version
 
 
-def _cacheable(key: torch.Tensor) -> bool:
-    if key.is_inference() or getattr(_local, "depth", 0):
+def _cacheable(*keys: torch.Tensor) -> bool:
+    """Whether index tensors on one device may be remembered now (see the module docstring)."""
+    if getattr(_local, "depth", 0) or any(key.is_inference() for key in keys):
         return False
-    return not (key.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+    return not (keys[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
 def lookup(key: torch.Tensor, n_atoms: int) -> PairIndex:

@@ -58,13 +58,8 @@ def _kernel(program, outputs: tuple, acc: str):
 
 def _device_tables(program, outputs: tuple, found, device, dtype) -> tuple:
     """The tables as tensors on ``device`` (made once per program, outputs, device and dtype)."""
-    key = ("triton_polynomial_tables", outputs, str(device), dtype)
-    made = program._derived.get(key)
-    if made is None:
-        made = program._derived.setdefault(key, (
-            torch.as_tensor(found.ints, device=device), torch.as_tensor(found.coefficients, dtype=dtype,
-                                                                        device=device)))
-    return made
+    return program._cached(("triton_polynomial_tables", outputs, str(device), dtype), lambda: (
+        torch.as_tensor(found.ints, device=device), torch.as_tensor(found.coefficients, dtype=dtype, device=device)))
 
 
 def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int, traceable: bool) -> None:

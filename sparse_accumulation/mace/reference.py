@@ -3,8 +3,8 @@
 mace-torch's package ``__init__`` files import its training tools (pandas, ase, torch-ema ...), which a test or
 benchmark environment may lack; :func:`mace_symmetric_contraction_module` imports only
 ``mace.modules.symmetric_contraction`` (which needs e3nn and opt_einsum_fx), with empty ``mace``, ``mace.tools``
-and ``mace.modules`` package objects (their ``__path__`` the installed folders) put into ``sys.modules`` when
-the real packages cannot be imported.
+and ``mace.modules`` package objects (their ``__path__`` the installed folders) put into ``sys.modules`` where
+those packages were not imported already.
 """
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ def mace_symmetric_contraction_module():
     found = sys.modules.get(_MODULE)
     if found is not None:
         return found
-    spec = importlib.util.find_spec("mace") if "mace" not in sys.modules else sys.modules["mace"].__spec__
-    paths = list(getattr(sys.modules.get("mace"), "__path__", None) or
-                 (spec.submodule_search_locations if spec is not None else None) or [])
+    package = sys.modules.get("mace")
+    if package is not None:
+        paths = list(getattr(package, "__path__", None) or [])
+    else:
+        spec = importlib.util.find_spec("mace")
+        paths = list(spec.submodule_search_locations or []) if spec is not None else []
     if not paths:
         raise ImportError("mace-torch is not installed (pip install --no-deps mace-torch opt_einsum_fx opt_einsum)")
     root = paths[0]
