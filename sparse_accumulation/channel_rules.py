@@ -227,6 +227,19 @@ class ChannelRule:
             return self
         return ChannelRule._intern(self.rule, self.channels, self.maps)
 
+    def with_zero_constants(self) -> "ChannelRule":
+        """The rule with each constant W column read from one more column, ``width_w``, of W: the W slot then
+        holds a gradient padded with a zero column (the gradient of a constant 1 is 0, not 1)."""
+        found = self._derived.get("zero constants")
+        if found is None:
+            w = self.maps[2]
+            base = tuple(w.width if b == ONE else b for b in w.base)
+            step = tuple(0 if b == ONE else t for b, t in zip(w.base, w.step))
+            maps = self.maps[:2] + (ColumnMap(base, step, w.width + 1),) + self.maps[3:]
+            found = self._derived["zero constants"] = ChannelRule._intern(self.rule, self.channels, maps,
+                                                                          self.coefficients)
+        return found
+
     def flat(self) -> tuple:
         """``(rule, C index)``: the rule of all channels at once on the rows' own columns (one nonzero per
         nonzero and channel; a constant W column becomes column ``width_w`` of a W extended by a column of

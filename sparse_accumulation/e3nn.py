@@ -40,7 +40,8 @@ from . import backends
 from .api import accumulate_rule
 from .e3nn_layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
-__all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES"]
+__all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
+           "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]
 
 #: instruction modes :class:`TensorProduct` computes
 SUPPORTED_MODES = ("uuu", "uvu")
@@ -57,6 +58,31 @@ def _o3():
         raise ImportError("sparse_accumulation.e3nn needs the e3nn package for its Irreps "
                           "(pip install e3nn)") from error
     return o3
+
+
+class InvalidArgumentError(ValueError, AssertionError):
+    """A bad argument or input where e3nn fails an ``assert``: invalid instructions (parities, degrees,
+    multiplicities), normalization names, variances, ``internal_weights`` without ``shared_weights``, last
+    dimensions of ``x`` / ``y``, weight shapes. Caught by ``except ValueError`` and ``except AssertionError``."""
+
+
+class WeightsMissingError(RuntimeError, ValueError):
+    """A call without weights on a module without internal weights (e3nn raises ``RuntimeError``)."""
+
+
+class IrrepIndexError(ValueError, IndexError):
+    """An instruction index that is not an index of its irreps (e3nn raises ``IndexError``)."""
+
+
+class UnknownModeError(ValueError, KeyError):
+    """An instruction mode e3nn does not know (e3nn raises ``KeyError``)."""
+
+    __str__ = ValueError.__str__  # KeyError's would print the message quoted
+
+
+class LeadingDimensionsError(ValueError, RuntimeError):
+    """Leading dimensions of ``x``, ``y`` (and per-row weights) that do not broadcast (e3nn raises
+    ``RuntimeError``)."""
 
 
 class Instruction(NamedTuple):
@@ -81,7 +107,16 @@ class Instruction(NamedTuple):
 
 
 def _check_instructions(irreps_in1, irreps_in2, irreps_out, instructions) -> list:
-    """Instructions as :class:`Instruction` (``path_weight`` still the user's factor), validated."""
+    """Instructions as :class:`Instruction` (``path_weight`` still the user's factor), validated as e3nn does:
+    the multiplicities only of instructions it computes (none of them 0).
+
+    Raises:
+        ValueError: an entry that is not a 5- or 6-tuple.
+        IrrepIndexError: an index out of range.
+        UnknownModeError: a mode e3nn does not know.
+        NotImplementedError: a mode e3nn knows but this module does not compute.
+        InvalidArgumentError: parities or degrees that do not couple, multiplicities the mode does not allow.
+    """
     result = []
     for number, entry in enumerate(instructions):
         entry = tuple(entry)
@@ -92,25 +127,24 @@ def _check_instructions(irreps_in1, irreps_in2, irreps_out, instructions) -> lis
         path_weight = float(entry[5]) if len(entry) == 6 else 1.0
         for name, index, irreps in (("i_in1", i1, irreps_in1), ("i_in2", i2, irreps_in2), ("i_out", io, irreps_out)):
             if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(irreps):
-                raise ValueError(f"instruction {number}: {name}={index!r} is not an index of {irreps} "
-                                 f"(0 <= {name} < {len(irreps)})")
+                raise IrrepIndexError(f"instruction {number}: {name}={index!r} is not an index of {irreps} "
+                                      f"(0 <= {name} < {len(irreps)})")
         if mode not in E3NN_MODES:
-            raise ValueError(f"instruction {number}: unknown mode {mode!r} (e3nn's modes are {E3NN_MODES})")
+            raise UnknownModeError(f"instruction {number}: unknown mode {mode!r} (e3nn's modes are {E3NN_MODES})")
         if mode not in SUPPORTED_MODES:
             raise NotImplementedError(f"instruction {number}: mode {mode!r} is not supported; "
                                       f"sparse_accumulation.e3nn.TensorProduct supports {SUPPORTED_MODES}")
         (mul1, ir1), (mul2, ir2), (mul_out, ir_out) = irreps_in1[i1], irreps_in2[i2], irreps_out[io]
         if ir1.p * ir2.p != ir_out.p or not abs(ir1.l - ir2.l) <= ir_out.l <= ir1.l + ir2.l:
-            raise ValueError(f"instruction {number}: {ir1} x {ir2} cannot give {ir_out} "
-                             f"(|l1 - l2| <= L <= l1 + l2 and p1 p2 = p are required)")
-        if 0 in (mul1, mul2, mul_out):  # e3nn computes nothing there and checks nothing
-            pass
-        elif mode == "uvu" and mul1 != mul_out:
-            raise ValueError(f"instruction {number}: mode 'uvu' needs the same multiplicity in in1[{i1}] and "
-                             f"out[{io}], got {mul1} and {mul_out}")
-        if mode == "uuu" and not mul1 == mul2 == mul_out:
-            raise ValueError(f"instruction {number}: mode 'uuu' needs the same multiplicity in in1[{i1}], in2[{i2}] "
-                             f"and out[{io}], got {mul1}, {mul2} and {mul_out}")
+            raise InvalidArgumentError(f"instruction {number}: {ir1} x {ir2} cannot give {ir_out} "
+                                       f"(|l1 - l2| <= L <= l1 + l2 and p1 p2 = p are required)")
+        if 0 not in (mul1, mul2, mul_out):  # e3nn computes nothing on a multiplicity 0 and checks nothing there
+            if mode == "uvu" and mul1 != mul_out:
+                raise InvalidArgumentError(f"instruction {number}: mode 'uvu' needs the same multiplicity in "
+                                           f"in1[{i1}] and out[{io}], got {mul1} and {mul_out}")
+            if mode == "uuu" and not mul1 == mul2 == mul_out:
+                raise InvalidArgumentError(f"instruction {number}: mode 'uuu' needs the same multiplicity in "
+                                           f"in1[{i1}], in2[{i2}] and out[{io}], got {mul1}, {mul2} and {mul_out}")
         shape = (mul1, mul2) if mode == "uvu" else (mul1,)
         result.append(Instruction(int(i1), int(i2), int(io), mode, bool(has_weight), path_weight, shape))
     return result
@@ -121,7 +155,8 @@ def _variances(values, irreps, name) -> list:
         return [1.0] * len(irreps)
     values = [float(v) for v in values]
     if len(values) != len(irreps):
-        raise ValueError(f"{name} needs one variance per irrep of {irreps} ({len(irreps)}), got {len(values)}")
+        raise InvalidArgumentError(f"{name} needs one variance per irrep of {irreps} ({len(irreps)}), "
+                                   f"got {len(values)}")
     return values
 
 
@@ -209,12 +244,23 @@ class TensorProduct(torch.nn.Module):
     ``NotImplementedError``. e3nn's ``compile_left_right``, ``compile_right``, ``right()`` and list-of-tensors
     weights are not offered.
 
+    Irreps of multiplicity 0 are handled as e3nn does: an instruction on one computes nothing and its
+    multiplicities are not checked; its weights (if ``path_shape`` has no 0, as for "uvu" into a ``0x``
+    output) are counted in ``weight_numel`` and keep their place, unread. (e3nn 0.6.0 gives the instructions
+    after such a one the wrong outputs and weights; here each instruction reads its own weights.)
+
+    Errors are of e3nn's type where e3nn raises one, and ``ValueError`` subclasses (the classes below subclass
+    both).
+
     Raises:
         ImportError: e3nn is not installed.
         NotImplementedError: an instruction in an unsupported mode.
-        ValueError: bad instructions (indices, parities, degrees, multiplicities), normalization names,
-            variances, ``internal_weights`` without ``shared_weights``, or ``channels`` that does not divide
-            the multiplicities.
+        IrrepIndexError: an instruction index out of range (an ``IndexError``).
+        UnknownModeError: an instruction mode e3nn does not know (a ``KeyError``).
+        InvalidArgumentError: parities, degrees or multiplicities an instruction cannot have, normalization
+            names, variances, ``internal_weights`` without ``shared_weights`` (an ``AssertionError``).
+        ValueError: an instruction that is not a 5- or 6-tuple, ``channels`` that does not divide the
+            multiplicities.
     """
 
     def __init__(self, irreps_in1, irreps_in2, irreps_out, instructions: Sequence[tuple],
@@ -232,9 +278,11 @@ class TensorProduct(torch.nn.Module):
         irrep_normalization = "component" if irrep_normalization is None else irrep_normalization
         path_normalization = "element" if path_normalization is None else path_normalization
         if irrep_normalization not in IRREP_NORMALIZATIONS:
-            raise ValueError(f"irrep_normalization must be one of {IRREP_NORMALIZATIONS}, got {irrep_normalization!r}")
+            raise InvalidArgumentError(f"irrep_normalization must be one of {IRREP_NORMALIZATIONS}, "
+                                       f"got {irrep_normalization!r}")
         if path_normalization not in PATH_NORMALIZATIONS:
-            raise ValueError(f"path_normalization must be one of {PATH_NORMALIZATIONS}, got {path_normalization!r}")
+            raise InvalidArgumentError(f"path_normalization must be one of {PATH_NORMALIZATIONS}, "
+                                       f"got {path_normalization!r}")
         checked = _check_instructions(self.irreps_in1, self.irreps_in2, self.irreps_out, instructions)
         self.instructions = _normalized(
             checked, self.irreps_in1, self.irreps_in2, self.irreps_out,
@@ -248,7 +296,7 @@ class TensorProduct(torch.nn.Module):
         if internal_weights is None:
             internal_weights = shared_weights and any(ins.has_weight for ins in self.instructions)
         if internal_weights and not shared_weights:
-            raise ValueError("internal_weights=True needs shared_weights=True (internal weights are shared)")
+            raise InvalidArgumentError("internal_weights=True needs shared_weights=True (internal weights are shared)")
         self.shared_weights, self.internal_weights = shared_weights, bool(internal_weights)
         self.weight_numel = sum(math.prod(ins.path_shape) for ins in self.instructions if ins.has_weight)
         self.implementation = implementation
@@ -262,7 +310,7 @@ class TensorProduct(torch.nn.Module):
     def _make_plans(self, channels, dtype) -> None:
         """The plan with one channel (CPU) and the one with ``channels`` (default: the multiplicities'
         greatest common divisor; CUDA), the same object when they coincide."""
-        divisor = divisor_of_multiplicities(self.irreps_in1, self.instructions)
+        divisor = divisor_of_multiplicities(self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions)
         if channels is not None:
             if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
                 raise ValueError(f"channels must be a positive int or None, got {channels!r}")
@@ -296,16 +344,17 @@ class TensorProduct(torch.nn.Module):
     def _get_weights(self, weight) -> Optional[torch.Tensor]:
         if weight is None:
             if self.weight_numel and not self.internal_weights:
-                raise ValueError("weight is required: this TensorProduct has no internal weights "
-                                 f"(give weight [..., {self.weight_numel}])")
+                raise WeightsMissingError("weight is required: this TensorProduct has no internal weights "
+                                          f"(give weight [..., {self.weight_numel}])")
             return self.weight
         if not isinstance(weight, torch.Tensor):
             raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
         if self.shared_weights and tuple(weight.shape) != (self.weight_numel,):
-            raise ValueError(f"weight must be [{self.weight_numel}] (shared weights), got shape {tuple(weight.shape)}")
+            raise InvalidArgumentError(f"weight must be [{self.weight_numel}] (shared weights), "
+                                       f"got shape {tuple(weight.shape)}")
         if not self.shared_weights and (weight.dim() < 2 or weight.shape[-1] != self.weight_numel):
-            raise ValueError(f"weight must be [..., {self.weight_numel}] with at least one batch dimension "
-                             f"(shared_weights=False), got shape {tuple(weight.shape)}")
+            raise InvalidArgumentError(f"weight must be [..., {self.weight_numel}] with at least one batch dimension "
+                                       f"(shared_weights=False), got shape {tuple(weight.shape)}")
         return weight
 
     def weight_views(self, weight: Optional[torch.Tensor] = None, yield_instruction: bool = False):
@@ -347,31 +396,51 @@ class TensorProduct(torch.nn.Module):
 
         Raises:
             TypeError: non-tensor inputs or weights, dtypes that differ, non-integer indices.
-            ValueError: last dimensions that do not match the irreps, weights of the wrong shape or missing,
-                leading dimensions that do not broadcast, index lengths that differ, ``size_out`` missing.
+            InvalidArgumentError: last dimensions that do not match the irreps, weights of the wrong shape (a
+                ``ValueError`` and an ``AssertionError``, as e3nn's asserts).
+            WeightsMissingError: no weights and no internal weights (a ``RuntimeError``, as e3nn's, and a
+                ``ValueError``).
+            LeadingDimensionsError: leading dimensions that do not broadcast (a ``ValueError`` and a
+                ``RuntimeError``).
+            ValueError: with indices, index lengths that differ, ``size_out`` missing, inputs that are not 2-D.
             IndexError: an index out of range (eager mode).
         """
         for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() < 1 or t.shape[-1] != dim:
-                raise ValueError(f"{name} must be [..., {dim}], got shape {tuple(t.shape)}")
+                raise InvalidArgumentError(f"{name} must be [..., {dim}], got shape {tuple(t.shape)}")
         weight = self._get_weights(weight)
         if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
             weight = weight.to(x.dtype)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
             return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+        lead = self._leading_shape(x, y, weight)
         plan, C = self._plan_for(x.device)
         if plan.rule is None:
-            shapes = [x.shape[:-1], y.shape[:-1]] + ([] if self.shared_weights else [weight.shape[:-1]])
-            return x.new_zeros(*torch.broadcast_shapes(*shapes), self._dims[2])
+            return x.new_zeros(*lead, self._dims[2])
+        if plan.weights is None and not self.shared_weights and x.shape[:-1] != lead:
+            # per-row weights that no computed instruction reads still broadcast with the inputs, as in e3nn
+            x = x.expand(*lead, x.shape[-1])
         if plan is self._channel_plan and x.device.type == "cuda":
-            return self._in_place(x, y, weight)
+            return self._in_place(x, y, weight, lead)
         X1 = gather(x, plan.x)
         X2 = y.unsqueeze(-2) if plan.y is None else gather(y, plan.y)
         W = None if plan.weights is None else gather_weights(weight, plan.weights)
         out = accumulate_rule(X1, X2, plan.rule, C.to(x.dtype), W, implementation=self.implementation)
         return scatter(out, plan.out)
+
+    def _leading_shape(self, x, y, weight) -> torch.Size:
+        """The broadcast leading dimensions of ``x``, ``y`` and per-row weights (as e3nn's, where weights no
+        instruction reads count too); raises :class:`LeadingDimensionsError` if they do not broadcast."""
+        shapes = [x.shape[:-1], y.shape[:-1]] + ([] if self.shared_weights else [weight.shape[:-1]])
+        try:
+            return torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            given = f"x {tuple(x.shape)}, y {tuple(y.shape)}" + ("" if self.shared_weights else
+                                                                 f", weight {tuple(weight.shape)}")
+            raise LeadingDimensionsError(f"the leading dimensions (all but the last) of {given} do not "
+                                         "broadcast") from None
 
     def _weight_rows(self, weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """The weights as the W operand of the graph kernels: ``[rows, weight_numel]`` (one row when shared)."""
@@ -379,12 +448,10 @@ class TensorProduct(torch.nn.Module):
             return None
         return weight.reshape(1, -1) if self.shared_weights else weight
 
-    def _in_place(self, x, y, weight) -> torch.Tensor:
-        """The product of broadcasting e3nn-layout tensors on the graph kernels: one row per broadcast row,
-        e3nn's tensors read and written in place."""
+    def _in_place(self, x, y, weight, lead) -> torch.Tensor:
+        """The product of broadcasting e3nn-layout tensors (leading dimensions ``lead`` once broadcast) on the
+        graph kernels: one row per broadcast row, e3nn's tensors read and written in place."""
         W = self._weight_rows(weight)
-        leads = [x.shape[:-1], y.shape[:-1]] + ([] if W is None or self.shared_weights else [W.shape[:-1]])
-        lead = torch.broadcast_shapes(*leads)
 
         def rows(t):
             if t.shape[:-1] == lead:
@@ -405,6 +472,8 @@ class TensorProduct(torch.nn.Module):
         crule = self._graph_rule
         W = weight if weights_as_rows else self._weight_rows(weight)
         if crule is None:
+            if indices_out is not None and size_out is None:
+                raise ValueError("size_out is required with indices_out")
             edges = next((len(i) for i in (indices_1, indices_2) if i is not None), x.shape[0])
             return x.new_zeros(edges if indices_out is None else size_out, self._dims[2])
         for name, t in (("x", x), ("y", y)):

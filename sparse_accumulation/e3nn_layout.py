@@ -27,6 +27,9 @@ for "uvu", ``q`` for "uuu") in instruction order, then a column of ones read by 
 weights (when there are both). When every ``K_i`` is 1 (one ``v``, ``q = 1``: spherical harmonics and equal
 multiplicities) that is e3nn's ``weight`` ``[..., instructions, U]`` transposed, a view; with ``U = 1`` and
 no column of ones it is ``weight[..., None, :]``.
+
+Instructions on an irrep of multiplicity 0 are not computed, as in e3nn (:func:`computed`); their weights
+keep their place in e3nn's ``weight`` and are not read (their gradient is zero).
 """
 from __future__ import annotations
 
@@ -264,24 +267,28 @@ def _pieces(irreps) -> tuple:
     return tuple((mul, ir.dim) for mul, ir in irreps)
 
 
-def active(ins) -> bool:
-    """e3nn computes nothing for an instruction with a zero multiplicity."""
-    return 0 not in ins.path_shape
+def computed(ins, irreps_in1, irreps_in2, irreps_out) -> bool:
+    """Whether e3nn computes an instruction: not when one of its three irreps has multiplicity 0. Such an
+    instruction writes nothing, and its weights (``prod(path_shape)``: nonzero for "uvu" into a ``0x`` output
+    and "uuu" with a ``0x`` second input or output) are still counted in ``weight_numel`` but never read."""
+    return 0 not in (irreps_in1[ins.i_in1].mul, irreps_in2[ins.i_in2].mul, irreps_out[ins.i_out].mul)
 
 
-def divisor_of_multiplicities(irreps_in1, instructions) -> int:
-    """The greatest common divisor of the multiplicities the instructions use (1 without instructions)."""
-    muls = [irreps_in1[ins.i_in1].mul for ins in instructions if active(ins)]
+def divisor_of_multiplicities(irreps_in1, irreps_in2, irreps_out, instructions) -> int:
+    """The greatest common divisor of the multiplicities the computed instructions use (1 without any)."""
+    muls = [irreps_in1[ins.i_in1].mul for ins in instructions if computed(ins, irreps_in1, irreps_in2, irreps_out)]
     return math.gcd(*muls) if muls else 1
 
 
-def _weight_layout(instructions, channels: int, n_active: int) -> Optional[WeightLayout]:
-    pieces, wanted, columns, counts, column = [], set(), {}, set(), 0
-    for index, ins in enumerate(instructions):
+def _weight_layout(instructions, computes, channels: int) -> Optional[WeightLayout]:
+    """The weight layout of the instructions (``computes[i]``: whether instruction ``i`` is computed), None when
+    no computed instruction has weights. The weights of instructions not computed are blocks no segment reads."""
+    pieces, wanted, columns, counts, column, unread = [], set(), {}, set(), 0, 0
+    for index, (ins, use) in enumerate(zip(instructions, computes)):
         if not ins.has_weight:
             continue
         size = math.prod(ins.path_shape)
-        if active(ins):
+        if use:
             count = size // channels
             pieces.append((channels, count))
             wanted.add((len(pieces) - 1, False))
@@ -289,12 +296,14 @@ def _weight_layout(instructions, channels: int, n_active: int) -> Optional[Weigh
             counts.add(count)
             column += count
         else:
-            pieces.append((0, 1))
+            pieces.append((1, size))
+            unread += size
     if not columns:
         return None
-    ones = column if len(columns) < n_active else None
-    return WeightLayout(make_layout(pieces, wanted, channels), columns, ones,
-                        counts.pop() if len(counts) == 1 else None)
+    ones = column if len(columns) < sum(computes) else None
+    # the transposed view needs weights made of the read blocks only
+    uniform = counts.pop() if len(counts) == 1 and not unread else None
+    return WeightLayout(make_layout(pieces, wanted, channels), columns, ones, uniform)
 
 
 def make_plan(irreps_in1, irreps_in2, irreps_out, instructions, channels: int) -> Plan:
@@ -303,7 +312,8 @@ def make_plan(irreps_in1, irreps_in2, irreps_out, instructions, channels: int) -
     Raises:
         ValueError: ``channels`` does not divide the multiplicity of an irrep the instructions use.
     """
-    used = [ins for ins in instructions if active(ins)]
+    computes = [computed(ins, irreps_in1, irreps_in2, irreps_out) for ins in instructions]
+    used = [ins for ins, use in zip(instructions, computes) if use]
     for ins in used:
         if irreps_in1[ins.i_in1].mul % channels:
             raise ValueError(f"channels={channels} does not divide the multiplicity {irreps_in1[ins.i_in1].mul} of "
@@ -316,10 +326,11 @@ def make_plan(irreps_in1, irreps_in2, irreps_out, instructions, channels: int) -
     y = None
     if not every and any(ins.connection_mode == "uuu" for ins in used):
         y = make_layout(_pieces(irreps_in2), {(ins.i_in2, ins.connection_mode == "uvu") for ins in used}, channels)
-    weights = _weight_layout(instructions, channels, len(used))
+    weights = _weight_layout(instructions, computes, channels)
     if not used:
         return Plan(channels, x, y, out, weights, None, np.zeros(0))
-    m1, m2, mu, w, C = _rule_arrays(instructions, irreps_in1, irreps_in2, irreps_out, channels, x, y, out, weights)
+    m1, m2, mu, w, C = _rule_arrays(instructions, computes, irreps_in1, irreps_in2, irreps_out, channels, x, y, out,
+                                    weights)
     extra = {} if weights is None else {"w": w, "weight_size": weights.size}
     rule = Rule(m1, m2, mu, out.width, input_sizes=(x.width, irreps_in2.dim if y is None else y.width), **extra)
     return Plan(channels, x, y, out, weights, rule, C)
@@ -330,13 +341,14 @@ def _offsets(layout: Layout) -> dict:
     return {(s.index, s.shared): s.offset for s in layout.segments}
 
 
-def _rule_arrays(instructions, irreps_in1, irreps_in2, irreps_out, channels, x, y, out, weights) -> list:
-    """``[m1, m2, mu, w, C]`` (``w`` None without weights) of every active instruction, concatenated."""
+def _rule_arrays(instructions, computes, irreps_in1, irreps_in2, irreps_out, channels, x, y, out, weights) -> list:
+    """``[m1, m2, mu, w, C]`` (``w`` None without weights) of every computed instruction (``computes[i]``),
+    concatenated."""
     x_at, out_at = _offsets(x), _offsets(out)
     y_at = _offsets(y) if y is not None else {(i, True): s for i, s in enumerate(_starts(_pieces(irreps_in2)))}
     pieces = []
-    for index, ins in enumerate(instructions):
-        if not active(ins):
+    for index, (ins, use) in enumerate(zip(instructions, computes)):
+        if not use:
             continue
         (mul1, ir1), (mul2, ir2), (_, ir_out) = (irreps_in1[ins.i_in1], irreps_in2[ins.i_in2],
                                                  irreps_out[ins.i_out])

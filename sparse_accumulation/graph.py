@@ -18,14 +18,11 @@ segments computed on the device in the graph; out-of-range rows are skipped by t
 """
 from __future__ import annotations
 
-import threading
-import weakref
-from collections import OrderedDict
 from typing import Optional
 
 import torch
 
-from . import backends, graph_ops
+from . import backends, graph_ops, remembered
 from .channel_rules import ChannelRule
 from .rules import check_index_tensor
 
@@ -35,7 +32,6 @@ REDUCTIONS = graph_ops.REDUCTIONS
 _SLOT_NAMES = ("indices_1", "indices_2", "indices_w", "indices_out")
 _OPERAND_NAMES = ("X1", "X2", "W")
 _FLOAT_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
-_CACHE_SIZE = 256
 
 
 def _check_size(name: str, value) -> int:
@@ -50,16 +46,20 @@ class Index:
     Args:
         index: 1-D integer tensor (any integer dtype, any device): the row each edge reads or adds to.
         size: number of rows it addresses (``0 <= index < size``).
-        sorted: whether ``index`` is non-decreasing (then no permutation is made); default: read from the
-            values when they are checked, else False.
-        check: read the values (one synchronisation on CUDA) to check their range (default True).
+        sorted: True: ``index`` must be non-decreasing (checked with ``check``; a ValueError if it is not);
+            False: make the sorting permutation even for sorted values; None (default): whether the checked
+            values are non-decreasing. Segments skip the permutation only for values checked to be sorted.
+        check: read the values (one synchronisation on CUDA) to check their range and order (default True).
+            Without it nothing is read: rows out of range are skipped by the kernels, and the index is sorted
+            on the device.
 
     Attributes:
         tensor: the index as a contiguous int64 tensor; ``size``; ``sorted``.
 
     Raises:
         TypeError: ``index`` is not an integer tensor.
-        ValueError: ``index`` is not 1-D, ``size`` is not a non-negative int.
+        ValueError: ``index`` is not 1-D, ``size`` is not a non-negative int, ``sorted=True`` for values that are
+            not non-decreasing (with ``check``).
         IndexError: a value is negative or not below ``size`` (with ``check``).
     """
 
@@ -67,17 +67,20 @@ class Index:
         check_index_tensor("index", index)
         self.size = _check_size("size", size)
         self.tensor = index.to(torch.int64).contiguous()
-        detected = False
-        if check and self.tensor.numel():
-            low, high, ordered = _summary(self.tensor)
-            if low < 0:
-                raise IndexError(f"index contains a negative row ({low}); rows must lie in [0, {size})")
-            if high >= size:
-                raise IndexError(f"index contains row {high}, out of range for size {size}")
-            detected = ordered
-        elif check:
-            detected = True
-        self.sorted = bool(detected if sorted is None else sorted)
+        ordered = False
+        if check:
+            ordered = True
+            if self.tensor.numel():
+                low, high, ordered = _summary(self.tensor)
+                if low < 0:
+                    raise IndexError(f"index contains a negative row ({low}); rows must lie in [0, {size})")
+                if high >= size:
+                    raise IndexError(f"index contains row {high}, out of range for size {size}")
+            if sorted and not ordered:
+                raise ValueError("index is not sorted (non-decreasing), but sorted=True was given")
+        # unchecked values may be in any order: only a verified order lets the segments skip the permutation
+        self.sorted = ordered and sorted is not False
+        self._version = None if self.tensor.is_inference() else self.tensor._version
         self._segments = None
 
     def __len__(self) -> int:
@@ -89,6 +92,13 @@ class Index:
     @property
     def device(self) -> torch.device:
         return self.tensor.device
+
+    def check_unchanged(self, name: str = "index") -> None:
+        """Raise ``ValueError`` if the index tensor was changed in place since this Index was made (what was
+        checked and sorted would no longer hold)."""
+        if self._version is not None and self.tensor._version != self._version:
+            raise ValueError(f"{name}: the index tensor was changed in place after its Index was made; make a new "
+                             "Index")
 
     def segments(self) -> tuple:
         """``(offsets, order)``: the edges of row ``r`` are ``order[offsets[r]:offsets[r + 1]]`` (``order`` None
@@ -109,27 +119,18 @@ def _summary(t: torch.Tensor) -> tuple:
     return values[0], values[1], bool(values[2])
 
 
-_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
-_cache_lock = threading.Lock()
+_prepared_indices = remembered.Memory(256)
 
 
 def _prepared(name: str, t: torch.Tensor, size: int) -> Index:
-    """The :class:`Index` of an index tensor, checked on its first use and found again by identity."""
-    key = (id(t), t._version, size)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None and hit[0]() is t:
-            _cache.move_to_end(key)
-            return hit[1]
-    try:
-        prepared = Index(t, size)
-    except IndexError as error:
-        raise IndexError(str(error).replace("index contains", f"{name} contains", 1)) from None
-    with _cache_lock:
-        _cache[key] = (weakref.ref(t), prepared)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return prepared
+    """The :class:`Index` of an index tensor, checked on its first use and found again (:mod:`.remembered`)."""
+    def make():
+        try:
+            return Index(t, size)
+        except IndexError as error:
+            raise IndexError(str(error).replace("index contains", f"{name} contains", 1)) from None
+
+    return _prepared_indices.get((t,), (size,), make)
 
 
 def _index(name: str, value, size: int, device, edges: Optional[int]):
@@ -147,9 +148,12 @@ def _index(name: str, value, size: int, device, edges: Optional[int]):
     if edges is not None and tensor.shape[0] != edges:
         raise ValueError(f"{name} has {tensor.shape[0]} entries but other indices have {edges}")
     if isinstance(value, Index):
+        value.check_unchanged(name)
         return value
     if torch.compiler.is_compiling():
         return tensor.to(torch.int64)
+    if tensor.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return Index(tensor, size, check=False)  # nothing may be read while a CUDA graph is captured
     return _prepared(name, tensor, size)
 
 

@@ -239,15 +239,19 @@ def _accumulate_gradients(ctx, grads, accumulate, sums):
     for j, g in zip(outputs, grads):
         if g is None:
             continue
-        inputs = _replaced(tensors, j, g)
+        inputs, rule_j = _replaced(tensors, j, g), crule
+        if j == 2 and ChannelRule.from_key(crule).has_constant_weights:
+            # g holds the gradient of W, in which the constant columns of W read as zeros, not ones
+            inputs[2] = torch.nn.functional.pad(g, (0, 1))
+            rule_j = ChannelRule.from_key(crule).with_zero_constants().key
         targets = [s for s in range(4) if ctx.wanted[s] and s != j]
         if targets:
-            parts = accumulate(*inputs, C, indices, offsets, orders, crule, targets, rows, edges, implementation,
+            parts = accumulate(*inputs, C, indices, offsets, orders, rule_j, targets, rows, edges, implementation,
                                reduction)
             for s, part in zip(targets, parts):
                 result[s] = part if result[s] is None else result[s] + part
         if ctx.c_wanted:
-            part = sums(*inputs, indices, crule, edges, implementation)
+            part = sums(*inputs, indices, rule_j, edges, implementation)
             dC = part if dC is None else dC + part
     return (*result, dC)
 

@@ -20,13 +20,16 @@ MACE's symmetric contraction is the program with operands ``x`` (lane) and ``P``
 weights of every monomial) and terms ``P[t] * x[i] * x[j] * x[l]``; its backward computes ``dx`` (lane) and
 ``dP`` (element), and its double backward the derivatives of those.
 
-Programs are immutable and interned; :attr:`Program.key` names one in the registered ops (programs are
-registered in this process when made; :meth:`Program.from_key` finds them).
+Programs are immutable and interned; :attr:`Program.key` names one in the registered ops. A key encodes the
+whole program (compressed), so :meth:`Program.from_key` finds it, or rebuilds it in a process that never made
+it (a compiled graph loaded from a warm cache).
 """
 from __future__ import annotations
 
-import hashlib
+import base64
+import binascii
 import threading
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -68,6 +71,26 @@ def _encode_slot(slot: Slot) -> str:
     return f"{slot.kind[0]}{slot.map.width}/" + ",".join(f"{b}+{s}" for b, s in zip(slot.map.base, slot.map.step))
 
 
+def _decode_slots(text: str) -> tuple:
+    slots = []
+    for part in text.split(";") if text else ():
+        head, pairs = part.split("/")
+        kind = {"l": LANE, "e": ELEMENT}[head[0]]
+        base_step = [tuple(int(v) for v in pair.split("+")) for pair in pairs.split(",")] if pairs else []
+        slots.append(Slot(kind, ColumnMap(tuple(b for b, _ in base_step), tuple(s for _, s in base_step),
+                                          int(head[1:]))))
+    return tuple(slots)
+
+
+def _decode_terms(text: str) -> list:
+    terms = []
+    for part in text.split(";") if text else ():
+        component, value, factors = part.split(",")
+        terms.append((int(component), float.fromhex(value),
+                      [tuple(int(v) for v in f.split(":")) for f in factors.split(".")] if factors else []))
+    return terms
+
+
 def _canonical(terms) -> tuple:
     """Terms ``(component, coefficient, factors)`` with sorted factors, equal products merged, zeros dropped,
     in a fixed order."""
@@ -79,6 +102,7 @@ def _canonical(terms) -> tuple:
                  if coefficient != 0.0)
 
 
+_KEY_PREFIX = "poly2:"
 _registry: dict = {}
 _lock = threading.Lock()
 
@@ -129,7 +153,7 @@ class Program:
                     + ";".join(map(_encode_slot, outputs)) + "|"
                     + "/".join(";".join(f"{c},{v.hex()},{'.'.join(f'{s}:{m}' for s, m in f)}" for c, v, f in ts)
                                for ts in canonical))
-        key = "poly1:" + hashlib.sha256(encoding.encode()).hexdigest()[:32]
+        key = _KEY_PREFIX + base64.urlsafe_b64encode(zlib.compress(encoding.encode(), 9)).decode()
         with _lock:
             found = _registry.get(key)
             if found is None:
@@ -141,16 +165,27 @@ class Program:
 
     @classmethod
     def from_key(cls, key: str) -> "Program":
-        """The program of ``key``, made earlier in this process.
+        """The program a :attr:`key` encodes (the one made in this process, or rebuilt from the key: a compiled
+        graph loaded from a warm cache in a new process names programs by key).
 
         Raises:
-            ValueError: no program of that key was made in this process.
+            ValueError: ``key`` is not a program key.
         """
         found = _registry.get(key)
-        if found is None:
-            raise ValueError(f"no polynomial program {key[:40]!r} was made in this process (build the module or "
-                             "program that defines it first)")
-        return found
+        if found is not None:
+            return found
+        try:
+            if not key.startswith(_KEY_PREFIX):
+                raise ValueError
+            encoding = zlib.decompress(base64.urlsafe_b64decode(key[len(_KEY_PREFIX):].encode())).decode()
+            channels, operands, outputs, terms = encoding.split("|")
+            rebuilt = cls(int(channels), _decode_slots(operands), _decode_slots(outputs),
+                          [_decode_terms(t) for t in terms.split("/")] if outputs else [])
+        except (ValueError, TypeError, zlib.error, UnicodeDecodeError, binascii.Error):
+            raise ValueError(f"not a polynomial program key: {key[:60]!r}") from None
+        if rebuilt.key != key:
+            raise ValueError(f"not a polynomial program key: {key[:60]!r}")
+        return rebuilt
 
     def __setattr__(self, name, value):
         raise AttributeError("Program objects are immutable")

@@ -11,18 +11,18 @@ object, and :attr:`Rule.key`, a string that encodes the whole rule, names it in 
 
 The tensor API (``accumulate(X1, X2, mu, output_size, m1, m2, C)``) turns its index tensors into a rule with
 :func:`prepare_rule`, which reads their values once and then finds the rule again by the tensors' identity and
-version counter (through weak references, so a freed tensor whose memory is reused never hits).
+version counter (:mod:`.remembered`).
 """
 from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 
 import numpy as np
 import torch
 
-_CACHE_SIZE = 512
+from . import remembered
+
 _ROLES = ("X1", "X2", "W")
 
 
@@ -241,16 +241,16 @@ class Rule:
         return self._cached(("swapped", role), build)
 
 
-_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
-_cache_lock = threading.Lock()
+_prepared = remembered.Memory(512)
 
 
 def prepare_rule(m1: torch.Tensor, m2: torch.Tensor, mu: torch.Tensor, M1: int, M2: int,
                  output_size: int, w: torch.Tensor | None = None, weight_size: int | None = None) -> Rule:
-    """The :class:`Rule` of index tensors, checked against the sizes they address (cached by tensor identity).
+    """The :class:`Rule` of index tensors, checked against the sizes they address (remembered per tensor).
 
     Reads the index values on the first call for a set of tensors (a device-to-host copy for CUDA tensors);
-    later calls with the same, unmodified tensors find the rule by their identity and version counter.
+    later calls with the same, unmodified tensors find the rule again (:mod:`.remembered`: never for
+    inference tensors, whose values are read on every call).
 
     Args:
         m1, m2, mu (, w): 1-D integer tensors of equal length, on any device.
@@ -262,22 +262,15 @@ def prepare_rule(m1: torch.Tensor, m2: torch.Tensor, mu: torch.Tensor, M1: int, 
         TypeError: an index tensor is not of an integer dtype.
     """
     tensors = (m1, m2, mu) if w is None else (m1, m2, mu, w)
-    key = tuple((id(t), t._version) for t in tensors) + (M1, M2, output_size, weight_size)
-    with _cache_lock:
-        hit = _cache.get(key)
-        if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
-            _cache.move_to_end(key)
-            return hit[1]
-    try:
-        rule = Rule(m1, m2, mu, output_size, input_sizes=(M1, M2), w=w, weight_size=weight_size)
-    except IndexError as error:  # name the sizes as the tensor API's caller knows them
-        message = str(error).replace("for M1=", "for X1.shape[-1]=").replace("for M2=", "for X2.shape[-1]=")
-        raise IndexError(message) from None
-    with _cache_lock:
-        _cache[key] = (tuple(weakref.ref(t) for t in tensors), rule)
-        while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return rule
+
+    def make():
+        try:
+            return Rule(m1, m2, mu, output_size, input_sizes=(M1, M2), w=w, weight_size=weight_size)
+        except IndexError as error:  # name the sizes as the tensor API's caller knows them
+            message = str(error).replace("for M1=", "for X1.shape[-1]=").replace("for M2=", "for X2.shape[-1]=")
+            raise IndexError(message) from None
+
+    return _prepared.get(tensors, (M1, M2, output_size, weight_size), make)
 
 
 def check_index_tensor(name: str, t) -> None:

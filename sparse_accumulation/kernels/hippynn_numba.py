@@ -13,8 +13,8 @@ The terms of a sum are listed first (branch-free), then added four rows per swee
 whose sensitivity is exactly zero is left out where the row it multiplies is finite (it would add exactly
 zero; hippynn's sensitivities vanish beyond the cut-off), so NaN and infinity propagate as in the formulas.
 No ``[pairs, nu, feat]`` or ``[pairs, feat]`` intermediate exists. Large calls are cut into tasks of whole atoms
-(cut from the segment sizes alone, never from the thread count) that a thread pool of
-``numba.config.NUMBA_NUM_THREADS`` threads runs (the functions release the GIL); each output element is computed
+(cut from the segment sizes alone, never from the thread count) that the thread pool of :mod:`.numba_threads` runs on
+``numba.config.NUMBA_NUM_THREADS`` threads (the functions release the GIL); each output element is computed
 by one task in one order, so results are bitwise reproducible. 16-bit inputs are computed in float32. The
 functions are compiled on first use per dtype and cached on disk (numba's cache).
 
@@ -22,17 +22,11 @@ Also here, for :mod:`.pair_segments`: the range check of an index tensor and its
 """
 from __future__ import annotations
 
-import concurrent.futures
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import numba
 import numpy as np
 import torch
 
-from . import accumulation_dtype, buffers
-from . import pair_segments
+from . import accumulation_dtype, buffers, numba_threads, pair_segments
 
 #: multiply-adds below which a call runs in the calling thread only
 SERIAL_WORK = 1 << 20
@@ -251,29 +245,8 @@ def counting_sort(key: torch.Tensor, n_atoms: int) -> tuple:
 # thread pool
 
 
-_pool = None
-_pool_lock = threading.Lock()
-
-
 def _threads() -> int:
     return max(1, numba.config.NUMBA_NUM_THREADS)
-
-
-def _executor() -> ThreadPoolExecutor:
-    """The helper threads: one fewer than the threads a call uses (the calling thread works too)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, _threads() - 1), thread_name_prefix="sparse_accumulation_pairs")
-        return _pool
-
-
-def _forget_pool() -> None:  # a forked child has none of the parent's threads
-    global _pool
-    _pool = None
-
-
-os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _tasks(offsets: np.ndarray, work_per_pair: int, work_per_atom: int) -> list:
@@ -292,30 +265,8 @@ def _tasks(offsets: np.ndarray, work_per_pair: int, work_per_atom: int) -> list:
 def _run(kernel, args: tuple, offsets: np.ndarray, work_per_pair: int, work_per_atom: int) -> None:
     """``kernel(*args, first, last)`` over every atom (``offsets``: the CSR segments), in tasks that the calling
     thread and the pool's helpers take in turn (which thread runs a task does not change its results)."""
-    tasks = _tasks(offsets, work_per_pair, work_per_atom)
-    helpers = min(_threads(), len(tasks)) - 1
-    if helpers <= 0:
-        for task in tasks:
-            kernel(*args, *task)
-        return
-    pending = iter(tasks)
-    lock = threading.Lock()
-
-    def work():
-        while True:
-            with lock:
-                task = next(pending, None)
-            if task is None:
-                return
-            kernel(*args, *task)
-
-    futures = [_executor().submit(work) for _ in range(helpers)]
-    try:
-        work()
-    finally:
-        concurrent.futures.wait(futures)  # no kernel may still write when the call returns or raises
-    for future in futures:
-        future.result()
+    numba_threads.run_tasks(lambda first, last: kernel(*args, first, last),
+                            _tasks(offsets, work_per_pair, work_per_atom), _threads())
 
 
 # ----------------------------------------------------------------------------------------------------------

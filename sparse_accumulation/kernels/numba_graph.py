@@ -9,20 +9,17 @@ a line of ones for rules without weights). A segment output sums its row's edges
 order of the segments, and writes the row once; an output per edge is written after each edge. Each grid row
 belongs to one task, so results do not depend on how rows are split into tasks or threads.
 
-The kernels are plain serial functions that release the GIL; large calls run tasks on a thread pool
-(:func:`_run_tasks`). One compiled kernel per compute dtype serves every rule and layout: what differs is
+The kernels are plain serial functions that release the GIL; large calls run tasks on the thread pool
+(:func:`_run_tasks`, :mod:`.numba_threads`). One compiled kernel per compute dtype serves every rule and layout: what differs is
 data (maps, grouped nonzeros). 16-bit inputs are computed in float32.
 """
 from __future__ import annotations
-
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 import torch
 
-from . import accumulation_dtype, buffers
+from . import accumulation_dtype, buffers, numba_threads
 from .graph import ATOMIC, EDGE, SEGMENT
 
 _INDEX_NAMES = ("m1", "m2", "w", "mu")
@@ -232,18 +229,12 @@ def _plan(crule, output_slots) -> _Plan:
 
 
 _EMPTY_INDEX = np.zeros(0, np.int64)
-_pool = None
-
-
-def _threads() -> int:
-    return max(1, torch.get_num_threads())
 
 
 def _run_tasks(kernel_args, grid_rows: int, offsets, work: int) -> None:
     """Run the kernel over ``grid_rows`` rows: in this thread for small work, else in tasks of about equal
-    work (edges, from ``offsets``) on a thread pool, each with scratch of its own."""
-    global _pool
-    threads = _threads()
+    work (edges, from ``offsets``) on the thread pool, each with scratch of its own."""
+    threads = max(1, torch.get_num_threads())
     if work < SERIAL_WORK or threads == 1 or grid_rows < 2:
         _kernel(0, grid_rows, *kernel_args())
         return
@@ -253,11 +244,8 @@ def _run_tasks(kernel_args, grid_rows: int, offsets, work: int) -> None:
         cuts = np.unique(np.concatenate([[0], np.searchsorted(offsets, targets[1:-1]), [grid_rows]]))
     else:
         cuts = np.unique(np.linspace(0, grid_rows, tasks + 1).astype(np.int64))
-    if _pool is None or _pool._max_workers != threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sparse_accumulation")
-    futures = [_pool.submit(_kernel, int(a), int(b), *kernel_args()) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-    for future in futures:
-        future.result()
+    ranges = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    numba_threads.run_tasks(lambda first, last: _kernel(first, last, *kernel_args()), ranges, threads)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,15 +1,16 @@
-"""Ranges of tasks of a numba kernel on a few Python threads (the kernels release the GIL).
+"""The one thread pool of the numba kernels: tasks of a call on a few Python threads (the kernels release the GIL).
 
 numba's parallel loops (``parallel=True``, ``prange``) would do the same, but compiling them costs about as
 much again as the kernel itself. Which rows a task does depends on the shapes alone, never on the threads, so
-the results do not depend on how many threads run the tasks.
+the results do not depend on how many threads run the tasks. A child process forked after a threaded call
+has none of the parent's threads: it makes a pool of its own on its first threaded call.
 """
 from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Callable, Sequence
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -28,7 +29,6 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 
 def _forget_pool() -> None:
-    """After a fork the child has none of the parent's threads: it makes a pool of its own when needed."""
     global _pool, _workers, _lock
     _pool, _workers, _lock = None, 0, threading.Lock()
 
@@ -37,19 +37,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-def run(function: Callable[[int, int], None], tasks: int, threads: int) -> None:
-    """``function(first, last)`` for ``threads`` contiguous ranges that cover ``range(tasks)``: the last range
-    on the calling thread, the others on pool threads; returns when all are done (raising the first error)."""
-    bounds = [tasks * i // threads for i in range(threads + 1)]
-    if threads <= 1:
-        function(0, tasks)
+def run_tasks(function: Callable[..., None], tasks: Sequence[tuple], threads: int) -> None:
+    """``function(*task)`` for every task, taken in turn by the calling thread and ``threads - 1`` pool threads;
+    returns when all are done (raising the first error), so no task still writes when it returns."""
+    helpers = min(threads, len(tasks)) - 1
+    if helpers <= 0:
+        for task in tasks:
+            function(*task)
         return
-    pool = _executor(threads - 1)
-    futures = [pool.submit(function, bounds[i], bounds[i + 1]) for i in range(threads - 1)]
+    pending = iter(tasks)
+    taking = threading.Lock()
+
+    def work():
+        while True:
+            with taking:
+                task = next(pending, None)
+            if task is None:
+                return
+            function(*task)
+
+    futures = [_executor(helpers).submit(work) for _ in range(helpers)]
     try:
-        function(bounds[-2], bounds[-1])
+        work()
     finally:
-        for future in futures:  # wait for every range before the caller's buffers may go
-            future.exception()
+        wait(futures)
     for future in futures:
         future.result()
+
+
+def run(function: Callable[[int, int], None], tasks: int, threads: int) -> None:
+    """``function(first, last)`` for ``threads`` contiguous ranges that cover ``range(tasks)``, one per thread."""
+    threads = max(1, min(threads, tasks))
+    bounds = [tasks * i // threads for i in range(threads + 1)]
+    run_tasks(function, list(zip(bounds[:-1], bounds[1:])), threads)

@@ -18,42 +18,23 @@ How each is made depends on the device:
   assertion: the error surfaces at a later synchronisation and leaves the CUDA context unusable, as torch's own
   indexing errors do). Kernels mask the values they gather by, so a bad index is never read or written through.
 
-:func:`lookup` remembers the check and the segments of recent index tensors (:data:`CACHE_SIZE` of them), keyed
-by the tensor itself (a reference is kept, so it cannot be freed and replaced by another at the same address),
-its version counter (any in-place change through torch makes a new entry) and ``n_atoms``: a forward and its
-backward sort each index once. Not cached: inference tensors (they have no version counter), calls made while
-a CUDA graph is captured (the capture must record the sort, or a replay would reuse stale segments) and calls
-inside :func:`unremembered` (the registered ops, which compiled graphs call: their warm-up runs allocate from a
-CUDA graph's private memory pool, where a remembered tensor would outlive the graph's outputs). Index
-tensors changed behind torch's back (through a numpy view of their memory) are not noticed; call
-:func:`clear_cache` after doing that.
+:func:`lookup` remembers the check and the segments of recent index tensors (:data:`CACHE_SIZE` of them) and
+:func:`prepare_sorted` the sorted pairs of recent pairs of index tensors, under the policy of
+:mod:`sparse_accumulation.remembered` (identity and version counter; never inference tensors, CUDA-graph
+captures or the bodies of the registered ops, which call :func:`unremembered`): a forward and its backward sort
+each index once.
 """
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections import OrderedDict
-
 import torch
+
+from ..remembered import Memory, clear, unremembered  # noqa: F401  (unremembered: the ops' entry point)
 
 #: index tensors whose check and segments are remembered
 CACHE_SIZE = 8
 
-_lock = threading.Lock()
-_cache: "OrderedDict[tuple, PairIndex]" = OrderedDict()
-_local = threading.local()
-
-
-@contextlib.contextmanager
-def unremembered():
-    """Within this context (per thread), index tensors are prepared afresh: nothing is looked up in or added to
-    the caches."""
-    depth = getattr(_local, "depth", 0)
-    _local.depth = depth + 1
-    try:
-        yield
-    finally:
-        _local.depth = depth
+_entries = Memory(CACHE_SIZE)
+_pairs = Memory(CACHE_SIZE)
 
 
 def _host_tools():
@@ -69,7 +50,6 @@ class PairIndex:
     def __init__(self, key: torch.Tensor, n_atoms: int):
         self.key = key
         self.n_atoms = n_atoms
-        self.version = _version(key)
         self._checked = False
         self._segments = None
         self._long = None
@@ -119,37 +99,14 @@ def prepare_sorted(by, by_name: str, other, other_name: str, n_atoms: int) -> tu
     """As :func:`prepare`, with the other index in segment order (``other[order]``), so a kernel reads a
     pair's other atom beside the pair instead of through it. Remembered for the pair of tensors (one dictionary
     lookup per call once made)."""
-    return _remembered(("sorted", by_name, other_name, n_atoms), by, other,
-                       lambda: _make_sorted(by, by_name, other, other_name, n_atoms))
+    def make():
+        entry = lookup(by, n_atoms)
+        order, offsets = entry.segments(by_name)
+        other_entry = lookup(other, n_atoms)
+        other_entry.check(other_name)
+        return order, offsets, other_entry.long()[order]
 
-
-def _make_sorted(by, by_name, other, other_name, n_atoms):
-    entry = lookup(by, n_atoms)
-    order, offsets = entry.segments(by_name)
-    other_entry = lookup(other, n_atoms)
-    other_entry.check(other_name)
-    return order, offsets, other_entry.long()[order]
-
-
-#: prepared tensors of recent pairs of index tensors: key -> (first, second, versions, value)
-_pairs_cache: "OrderedDict[tuple, tuple]" = OrderedDict()
-
-
-def _remembered(what: tuple, a: torch.Tensor, b: torch.Tensor, make):
-    """``make()`` for index tensors ``a`` and ``b``, remembered while both are the same unchanged tensors (as
-    :func:`lookup` remembers one; references are kept)."""
-    if not _cacheable(a, b):
-        return make()
-    key = what + (a._cdata, b._cdata)
-    hit = _pairs_cache.get(key)
-    if hit is not None and hit[0] is a and hit[1] is b and hit[2] == (a._version, b._version):
-        return hit[3]
-    value = make()
-    with _lock:
-        _pairs_cache[key] = (a, b, (a._version, b._version), value)
-        while len(_pairs_cache) > CACHE_SIZE:
-            _pairs_cache.popitem(last=False)
-    return value
+    return _pairs.get((by, other), ("sorted", by_name, other_name, n_atoms), make)
 
 
 def device_segments(key: torch.Tensor, n_atoms: int) -> tuple:
@@ -160,35 +117,11 @@ def device_segments(key: torch.Tensor, n_atoms: int) -> tuple:
     return order, torch.searchsorted(ordered, atoms)
 
 
-def _version(key: torch.Tensor):
-    return None if key.is_inference() else key._version
-
-
-def _cacheable(*keys: torch.Tensor) -> bool:
-    """Whether index tensors on one device may be remembered now (see the module docstring)."""
-    if getattr(_local, "depth", 0) or any(key.is_inference() for key in keys):
-        return False
-    return not (keys[0].device.type == "cuda" and torch.cuda.is_current_stream_capturing())
-
-
 def lookup(key: torch.Tensor, n_atoms: int) -> PairIndex:
     """The :class:`PairIndex` of ``key`` against ``n_atoms``, remembered while ``key`` is unchanged."""
-    if not _cacheable(key):
-        return PairIndex(key, n_atoms)
-    cache_key = (key._cdata, n_atoms)
-    with _lock:
-        entry = _cache.get(cache_key)
-        if entry is not None and entry.key is key and entry.version == key._version:
-            _cache.move_to_end(cache_key)
-            return entry
-        entry = _cache[cache_key] = PairIndex(key, n_atoms)
-        while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
-    return entry
+    return _entries.get((key,), (n_atoms,), lambda: PairIndex(key, n_atoms))
 
 
 def clear_cache() -> None:
-    """Forget every remembered index tensor."""
-    with _lock:
-        _cache.clear()
-        _pairs_cache.clear()
+    """Forget every remembered index tensor (of every kind: :func:`sparse_accumulation.remembered.clear`)."""
+    clear()

@@ -145,6 +145,14 @@ def mace_couplings(coupling: tuple, target: Irrep, nu: int) -> Couplings:
     return _symmetrised(columns, nu, TOLERANCE)
 
 
+def mace_has_paths(coupling: tuple, target: Irrep, nu: int) -> bool:
+    """Whether MACE's ``U_matrix_real(coupling, target, correlation=nu)`` has an entry that is not zero (a
+    coupling path reaches ``target``; its symmetric part may still vanish). MACE freezes the weights of the
+    orders where it has none (the ``weights_*_zeroed`` flags of its ``Contraction``)."""
+    filter_mid = ORDER_FOUR_FILTER if nu == 4 else None
+    return any(p.ir == target and np.any(p.values != 0) for p in mace_paths(tuple(coupling), nu, filter_mid))
+
+
 def couplings_from_dense(U: np.ndarray, dim_out: int, dim_in: int, nu: int, tolerance: float) -> Couplings:
     """The couplings of a dense ``U`` of ``dim_out * dim_in**nu * paths`` entries in MACE's order
     (``[M, i_1, ..., i_nu, k]``, size-1 dimensions possibly squeezed)."""

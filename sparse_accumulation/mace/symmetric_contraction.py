@@ -10,7 +10,8 @@ as MACE does, but never contracts ``U``: its symmetric part is a few hundred ter
 (:mod:`.couplings`), so each call folds the weights into one table ``P[element, term, channel] = B @ W`` (a
 small matmul over elements, not nodes) and runs one kernel per node tile that multiplies monomials of ``x`` by
 the node's element row of ``P`` (:mod:`sparse_accumulation.polynomials`). Gradients, to any order, run on the
-same kernels.
+same kernels. Node attributes that are not one-hot take the same kernels with per-node weights ``y @ P``
+(:meth:`SymmetricContraction.forward`).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ..e3nn import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
 from ..elements import prepare
 from ..polynomial_ops import evaluate
 from ..polynomials import LANE, Program, Slot, element_slot, lane_slot
-from .couplings import couplings_from_dense, mace_couplings
+from .couplings import couplings_from_dense, mace_couplings, mace_has_paths
 from .irreps import irreps_text, parse_irreps
 
 
@@ -57,11 +58,31 @@ def _correlations(correlation, irreps_out) -> list:
     return [check(correlation, "")] * len(irreps_out)
 
 
+class FrozenZero(torch.nn.Parameter):
+    """A weight frozen at zero, as MACE's ``EmptyParam``: ``requires_grad`` False, and ``requires_grad_`` does
+    nothing (``module.requires_grad_()`` leaves it frozen). Made from ``data`` as given (pass zeros); a deep
+    copy keeps its class and values."""
+
+    def __new__(cls, data, requires_grad: bool = False):
+        del requires_grad  # torch's deep copy passes it
+        return super().__new__(cls, data, requires_grad=False)
+
+    def requires_grad_(self, mode: bool = True):
+        del mode
+        return self
+
+
 class _Weights(torch.nn.Module):
     """The weights of one output irrep, named as MACE names them: ``weights_max`` (the highest order) and
-    ``weights`` (the lower orders, highest first)."""
+    ``weights`` (the lower orders, highest first), and MACE's flags ``weights_{idx}_zeroed`` (``idx`` below
+    ``correlation - 1``) and ``weights_max_zeroed``.
 
-    def __init__(self, shapes, internal: bool, dtype, device):
+    ``zeroed[idx]`` says that the coupling tensor of order ``idx + 1`` is all zeros. As MACE's ``Contraction``
+    does, flag ``idx < correlation - 1`` freezes ``weights[idx]`` (which holds order ``correlation - 1 - idx``,
+    not ``idx + 1``) at zero and the last one ``weights_max``: MACE's checkpoints and outputs reflect that
+    choice, so it is kept. External weights (``internal=False``) are used as passed, as in MACE."""
+
+    def __init__(self, shapes, internal: bool, zeroed, dtype, device):
         super().__init__()
         made = [torch.randn(shape, dtype=dtype, device=device) / shape[1] for shape in shapes]
         if internal:
@@ -70,6 +91,17 @@ class _Weights(torch.nn.Module):
         else:
             self.weights_max = None
             self.weights = None
+        last = len(shapes) - 1
+        for idx, zero in enumerate(zeroed):
+            zero = bool(zero)
+            if idx < last:
+                if zero and internal:
+                    self.weights[idx] = FrozenZero(torch.zeros_like(made[1 + idx]))
+                self.register_buffer(f"weights_{idx}_zeroed", torch.tensor(zero, device=device))
+            else:
+                if zero and internal:
+                    self.weights_max = FrozenZero(torch.zeros_like(made[0]))
+                self.register_buffer("weights_max_zeroed", torch.tensor(zero, device=device))
 
     def tensors(self) -> list:
         return [self.weights_max, *self.weights]
@@ -79,9 +111,12 @@ class SymmetricContraction(torch.nn.Module):
     """MACE's symmetric contraction (product basis), computed as sparse polynomials of the node features.
 
     A drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction``: the same constructor, call and
-    parameters, outputs and gradients equal to MACE's to rounding. :meth:`from_mace` takes a MACE module with its
-    trained weights. Only ``from_mace`` and the tests involve mace-torch; the coupling coefficients come from this
-    library's Clebsch-Gordan generator.
+    parameters, outputs and gradients equal to MACE's to rounding. As MACE, it freezes some weights at zero
+    (:class:`FrozenZero`, flagged by the buffers ``contractions[i].weights_{idx}_zeroed`` and
+    ``weights_max_zeroed``): those of ``weights[idx]`` where the coupling tensor of order ``idx + 1`` is all zeros
+    (MACE's index mapping, kept as it is) and ``weights_max`` where the highest order's is. :meth:`from_mace`
+    takes a MACE module with its trained weights. Only ``from_mace`` and the tests involve mace-torch; the
+    coupling coefficients come from this library's Clebsch-Gordan generator.
 
     Args:
         irreps_in: irreps of the node features, each with multiplicity ``channels`` (``"128x0e+128x1o+128x2e"``,
@@ -92,7 +127,10 @@ class SymmetricContraction(torch.nn.Module):
             ``"none"``, ``"element"``/``"path"``/``"none"``); MACE's coefficients do not depend on them.
         use_reduced_cg: must be False (the reduced basis of cuequivariance: load such a module with
             :meth:`from_mace`).
-        internal_weights: the module holds its weights (default True); False: every call passes them.
+        internal_weights: the module holds its weights (default True); False: every call passes them and they
+            are used as passed, none frozen (MACE's code replaces its frozen weights by the external ones after
+            registering the flags, which are registered here too; mace-torch 0.3.16's own module fails to build
+            with ``internal_weights=False``).
         shared_weights: as MACE (internal weights need ``shared_weights`` True or None).
         num_elements: number of chemical elements (required).
         implementation: kernel implementation (None: the library default, numba on CPU and Triton on CUDA).
@@ -108,7 +146,7 @@ class SymmetricContraction(torch.nn.Module):
                  path_normalization: str = "element", use_reduced_cg: bool = False,
                  internal_weights: Optional[bool] = None, shared_weights: Optional[bool] = None,
                  num_elements: Optional[int] = None, *, implementation: Optional[str] = None, dtype=None,
-                 device=None, _couplings=None):
+                 device=None, _couplings=None, _zeroed=None):
         super().__init__()
         for name, value, allowed in (("irrep_normalization", irrep_normalization, IRREP_NORMALIZATIONS),
                                      ("path_normalization", path_normalization, PATH_NORMALIZATIONS)):
@@ -142,12 +180,16 @@ class SymmetricContraction(torch.nn.Module):
         if _couplings is None:
             _couplings = [[mace_couplings(coupling, term.ir, nu) for nu in range(order, 0, -1)]
                           for term, order in zip(self.irreps_out, self.correlation)]
+        if _zeroed is None:
+            _zeroed = [[not mace_has_paths(coupling, term.ir, nu) for nu in range(1, order + 1)]
+                       for term, order in zip(self.irreps_out, self.correlation)]
         self.blocks = _couplings
         dtype = torch.get_default_dtype() if dtype is None else dtype
         self.contractions = torch.nn.ModuleList(
-            _Weights([(self.num_elements, block.paths, self.channels) for block in blocks], internal_weights, dtype,
-                     device) for blocks in self.blocks)
-        self.program, B = _program(self.channels, self.dim_in, [term.ir for term in self.irreps_out], self.blocks)
+            _Weights([(self.num_elements, block.paths, self.channels) for block in blocks], internal_weights, zeroed,
+                     dtype, device) for blocks, zeroed in zip(self.blocks, _zeroed))
+        self.program, self.node_program, B = _programs(self.channels, self.dim_in,
+                                                       [term.ir for term in self.irreps_out], self.blocks)
         self.register_buffer("couplings", torch.as_tensor(B, dtype=dtype, device=device), persistent=False)
 
     def extra_repr(self) -> str:
@@ -158,6 +200,8 @@ class SymmetricContraction(torch.nn.Module):
     def from_mace(cls, module, *, implementation: Optional[str] = None) -> "SymmetricContraction":
         """The contraction of a ``mace.modules.symmetric_contraction.SymmetricContraction`` with its weights
         (copied) and its own coupling tensors (any basis MACE built them in), on the weights' device and dtype.
+        The weights MACE froze at zero are frozen here, as its ``weights_*_zeroed`` flags say (none where a
+        module has no such flags).
 
         Raises:
             TypeError: ``module`` is not MACE's symmetric contraction.
@@ -169,7 +213,7 @@ class SymmetricContraction(torch.nn.Module):
         irreps_in = parse_irreps(module.irreps_in, "module.irreps_in")
         irreps_out = parse_irreps(module.irreps_out, "module.irreps_out")
         dim_in = sum(term.ir.dim for term in irreps_in)
-        blocks, weights = [], []
+        blocks, weights, zeroed = [], [], []
         for term, contraction in zip(irreps_out, contractions):
             order = int(contraction.correlation)
             tensors = [contraction.weights_max, *(contraction.weights or ())]
@@ -184,9 +228,12 @@ class SymmetricContraction(torch.nn.Module):
                 found.append(couplings_from_dense(U.to(torch.float64).numpy(), term.ir.dim, dim_in, nu, tolerance))
             blocks.append(found)
             weights.append(tensors)
+            names = [f"weights_{idx}_zeroed" for idx in range(order - 1)] + ["weights_max_zeroed"]
+            zeroed.append([bool(buffers[name]) if name in buffers else False for name in names])
         first = weights[0][0]
         made = cls(irreps_in, irreps_out, [len(b) for b in blocks], num_elements=first.shape[0],
-                   implementation=implementation, dtype=first.dtype, device=first.device, _couplings=blocks)
+                   implementation=implementation, dtype=first.dtype, device=first.device, _couplings=blocks,
+                   _zeroed=zeroed)
         with torch.no_grad():
             for ours, theirs in zip(made.contractions, weights):
                 for target, source in zip(ours.tensors(), theirs):
@@ -204,21 +251,41 @@ class SymmetricContraction(torch.nn.Module):
         return torch.matmul(self.couplings, W).reshape(self.num_elements, -1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, weights=None) -> torch.Tensor:
-        """The contraction of node features ``x`` for elements ``y``.
+        """The contraction of node features ``x`` for node attributes ``y``.
+
+        The output is linear in each row of ``y``, as MACE's: ``sum_e y[n, e] * out(x[n], weights of e)``.
+        How ``y`` is read (:func:`sparse_accumulation.elements.prepare`):
+
+        * integer indices and one-hot rows: the kernels gather each node's element row of the weight table;
+        * rows with at most one nonzero (scaled rows, zero rows of padding nodes): the same, and the output
+          rows are multiplied by that nonzero (zero rows give zeros);
+        * any other rows (soft, mixed), and any ``y`` that requires grad: per-node weights ``y @ P``
+          (``[nodes, terms * channels]``, a memory cost the other readings do not have), differentiable with
+          respect to ``y``.
+
+        In eager mode ``y`` is read once per tensor to choose. Under ``torch.compile`` (and CUDA graph capture)
+        nothing is read: a ``y`` that does not require grad takes the scaled reading (exact for one-hot, scaled
+        and zero rows), and a device-side assertion fails for rows with several nonzeros; such attributes need
+        eager mode or a ``y`` that requires grad there.
 
         Args:
             x: ``[nodes, channels, sum(2l+1)]`` float32 or float64 tensor (MACE's layout), on the weights' device.
-            y: one-hot ``[nodes, num_elements]`` (MACE's node attributes) or integer element indices ``[nodes]``.
+            y: node attributes ``[nodes, num_elements]`` of any floating dtype (MACE's ``node_attrs``, e.g.
+                one-hot rows), integer element indices ``[nodes]``, or what
+                :func:`~sparse_accumulation.elements.prepare` made of either.
             weights: only for ``internal_weights=False``: per output irrep, the list
-                ``[weights_max, *weights]`` of ``[num_elements, paths, channels]`` tensors.
+                ``[weights_max, *weights]`` of ``[num_elements, paths, channels]`` tensors, used as passed.
 
         Returns:
-            ``[nodes, channels * sum(2L+1)]``: per output irrep ``L``, ``[channels, 2L+1]`` (MACE's output).
+            ``[nodes, channels * sum(2L+1)]``: per output irrep ``L``, ``[channels, 2L+1]`` (MACE's output), of
+            ``x``'s dtype.
 
         Raises:
-            TypeError: ``x`` not a floating tensor of the weights' dtype.
-            ValueError: shapes that do not fit, tensors on another device, a ``y`` that is not one-hot.
+            TypeError: ``x`` not a floating tensor of the weights' dtype, ``y`` of a dtype that fits neither form.
+            ValueError: shapes that do not fit, tensors on another device.
             IndexError: element indices out of range.
+            RuntimeError: (compiled or captured calls, from the device) rows of ``y`` with several nonzeros and
+                a ``y`` that does not require grad.
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -234,18 +301,23 @@ class SymmetricContraction(torch.nn.Module):
             raise ValueError(f"y has {y.shape[0]} rows but x has {x.shape[0]} nodes")
         if (weights is None) != self.internal_weights:
             raise ValueError("weights must be given exactly when the module has no internal weights")
-        elements = prepare(y, self.num_elements, "y")
+        attributes = prepare(y, self.num_elements, "y")
         table = self.weight_table(weights)
         flat = x.reshape(x.shape[0], self.channels * self.dim_in)
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
         implementation = backends.get_default_implementation() if self.implementation is None else self.implementation
-        return evaluate(self.program, [flat, table], elements, implementation)[0]
+        if attributes.per_node is not None:
+            per_node = torch.matmul(attributes.per_node.to(table.dtype), table)
+            return evaluate(self.node_program, [flat, per_node], attributes.elements, implementation)[0]
+        out = evaluate(self.program, [flat, table], attributes.elements, implementation)[0]
+        return out if attributes.scale is None else out * attributes.scale.to(out.dtype)
 
 
-def _program(channels: int, dim_in: int, irreps_out, blocks) -> tuple:
-    """The forward :class:`~sparse_accumulation.polynomials.Program` and ``B [terms, paths]`` (block diagonal
-    over the output irreps and orders, paths in MACE's parameter order)."""
+def _programs(channels: int, dim_in: int, irreps_out, blocks) -> tuple:
+    """The forward :class:`~sparse_accumulation.polynomials.Program` with the weight table as an element operand
+    (a row per element), the same program with it as a lane operand (a row per node), and
+    ``B [terms, paths]`` (block diagonal over the output irreps and orders, paths in MACE's parameter order)."""
     bases, steps, offset = [], [], 0
     for ir in irreps_out:
         bases += [offset + M for M in range(ir.dim)]
@@ -267,5 +339,7 @@ def _program(channels: int, dim_in: int, irreps_out, blocks) -> tuple:
         component0 += ir.dim
     B = np.zeros((t0, k0))
     B[rows, columns] = values
-    program = Program(channels, (lane_slot(dim_in, channels), element_slot(t0, channels)), (output,), [terms])
-    return program, B
+    features, weights = lane_slot(dim_in, channels), element_slot(t0, channels)
+    program = Program(channels, (features, weights), (output,), [terms])
+    node_program = Program(channels, (features, Slot(LANE, weights.map)), (output,), [terms])
+    return program, node_program, B

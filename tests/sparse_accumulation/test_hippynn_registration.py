@@ -73,7 +73,7 @@ def test_registered_ops_remember_no_index_tensors(generator, name):
     args = arguments(name, s, z, env, first, second)
     pair_segments.clear_cache()
     got = getattr(ops, name)(*args, "numba")
-    assert not pair_segments._cache and not pair_segments._pairs_cache
+    assert not len(pair_segments._entries) and not len(pair_segments._pairs)
     assert_close_to_oracle(got, LOOPS[name](*args), torch.float64)
     getattr(sa, name)(*args, implementation="numba")
-    assert pair_segments._cache
+    assert len(pair_segments._entries)

@@ -1,7 +1,8 @@
 """``sparse_accumulation.mace.SymmetricContraction`` against MACE's own module (mace-torch 0.3.16,
 ``mace.modules.symmetric_contraction``) in float64: outputs, gradients of x and of every weight, second
-derivatives; the module built from MACE's weights (``from_mace``) and from this library's coupling coefficients.
-Skipped without mace-torch (see ``mace_helpers.py``)."""
+derivatives; the module built from MACE's weights (``from_mace``) and from this library's coupling coefficients;
+the weights MACE freezes at zero; node attributes that are not one-hot. Skipped without mace-torch (see
+``mace_helpers.py``)."""
 import copy
 
 import pytest
@@ -13,6 +14,10 @@ from sparse_accumulation.mace import SymmetricContraction
 RTOL = 1e-10
 ATOL = 1e-14
 SMALL = ("2x0e+2x1o", "2x0e+2x1o", 3, 3)
+# MACE freezes weights[0] (order 2) of 1e, whose order-1 coupling is zero, and both lower orders of 0o
+FROZEN = ("2x0e+2x1o+2x2e", "2x0o+2x1e", 3, 3)
+# weights[0] (order 3, whose symmetric couplings are not zero) frozen for order 1, so MACE's output lacks order 3
+FROZEN_ORDER_THREE = ("2x0e+2x1o+2x2e", "2x1e", 4, 2)
 IMPLEMENTATIONS = ["numba", "torch"]
 
 
@@ -32,9 +37,9 @@ def _dim(irreps: str) -> int:
     return sum(2 * int(term.split("x")[1][:-1]) + 1 for term in irreps.split("+"))
 
 
-def _weights_of(module) -> dict:
-    """MACE's weights by name (its state also holds U tensors and flags)."""
-    return {name: p.detach() for name, p in module.named_parameters()}
+def _state_of(module) -> dict:
+    """MACE's state without its U tensors: the weights and the flags of the frozen ones, by name."""
+    return {name: value for name, value in module.state_dict().items() if ".U_matrix_" not in name}
 
 
 def _compare(theirs, ours, generator, nodes=13, y_kind="one-hot", second=True):
@@ -85,13 +90,14 @@ def test_from_mace_equals_mace_to_second_order(generator, implementation, y_kind
     # 0o and 1e: no symmetric path at orders 1 and 2 (MACE's zeroed weights); 2e: the output's scale
     ("2x0e+2x1o", "2x0o+2x1e+2x2e", 2),
     ("2x0e+2x1o+2x2e", "2x0e+2x1o", 3),
+    FROZEN[:3],
 ])
 def test_own_couplings_equal_mace(generator, irreps_in, irreps_out, correlation):
     """Built from this library's Clebsch-Gordan coefficients (not MACE's U tensors), with MACE's weights."""
     theirs = mace_contraction(irreps_in, irreps_out, correlation, 3, generator)
     ours = SymmetricContraction(irreps_in, irreps_out, correlation, num_elements=3, dtype=torch.float64)
     assert [name for name, _ in ours.named_parameters()] == [name for name, _ in theirs.named_parameters()]
-    ours.load_state_dict(_weights_of(theirs))
+    ours.load_state_dict(_state_of(theirs))
     _compare(theirs, ours, generator, second=correlation <= 3)
 
 
@@ -100,7 +106,7 @@ def test_own_couplings_equal_mace_up_to_l3(generator):
     """The issue's irreps (l <= 3, 0e+1o out, correlation 3) on two channels."""
     theirs = mace_contraction("2x0e+2x1o+2x2e+2x3o", "2x0e+2x1o", 3, 4, generator)
     ours = SymmetricContraction(theirs.irreps_in, theirs.irreps_out, 3, num_elements=4, dtype=torch.float64)
-    ours.load_state_dict(_weights_of(theirs))
+    ours.load_state_dict(_state_of(theirs))
     _compare(theirs, ours, generator, nodes=9)
     _compare(theirs, SymmetricContraction.from_mace(theirs), generator, nodes=9, second=False)
 
@@ -136,6 +142,24 @@ def test_external_weights_equal_mace(generator):
     assert weights[0][0].grad is not None and weights[0][0].grad.abs().sum() > 0
 
 
+def test_external_weights_keep_mace_flags_and_are_used_as_passed(generator):
+    """internal_weights=False: MACE's flags in the state, nothing frozen, the weights used as passed (MACE's code
+    replaces its frozen weights by external ones)."""
+    theirs = mace_contraction(*FROZEN_ORDER_THREE, generator)
+    ours = SymmetricContraction(*FROZEN_ORDER_THREE[:3], num_elements=2, internal_weights=False,
+                                dtype=torch.float64)
+    flags = {name: value for name, value in _state_of(theirs).items() if name.endswith("_zeroed")}
+    assert list(ours.state_dict()) == list(flags)
+    assert all(torch.equal(ours.state_dict()[name], value) for name, value in flags.items())
+    weights = [[c.weights_max.detach().clone(), *[w.detach().clone() for w in c.weights]] for c in theirs.contractions]
+    x, elements, one_hot = inputs(generator, 8, 2, 9, 2)
+    assert_close(ours(x, elements, weights), theirs(x, one_hot), "output")
+    frozen = weights[0][1]  # weights[0], frozen in MACE's module: here it counts
+    assert not frozen.any()
+    frozen.normal_(generator=generator)
+    assert not torch.allclose(ours(x, elements, weights), theirs(x, one_hot))
+
+
 def test_from_mace_float32(generator):
     """A float32 MACE module: float32 weights and output, equal to MACE's to float32 rounding."""
     theirs = copy.deepcopy(mace_contraction(*SMALL, generator)).float()
@@ -158,3 +182,97 @@ def test_from_mace_refuses_a_module_without_its_weights(generator):
     theirs.contractions[0].weights_max = None
     with pytest.raises(ValueError, match="no internal weights"):
         SymmetricContraction.from_mace(theirs)
+
+
+def _structure(module) -> tuple:
+    """Parameter names, shapes, classes' freezing and ``requires_grad``; state-dict keys and flags (without
+    MACE's U tensors, which this module does not hold)."""
+    parameters = [(name, tuple(p.shape), p.requires_grad) for name, p in module.named_parameters()]
+    state = _state_of(module)
+    flags = {name: bool(value) for name, value in state.items() if name.endswith("_zeroed")}
+    return parameters, list(state), flags
+
+
+@pytest.mark.parametrize("configuration, counts", [
+    (FROZEN, (144, 120)),
+    (SMALL, (96, 96)),  # nothing zero
+    (("2x0e+2x1o", "2x0o+2x1e+2x2e", 2, 3), (36, 12)),
+    (("2x0e+2x1o", "2x0e+2x1e", 1, 3), (12, 6)),  # correlation 1: 1e's weights_max frozen
+    (("2x0e+2x1o", "2x0e+2x1e", 4, 2), (88, 72)),  # 1e: weights[0] (order 3) frozen for order 1
+    (FROZEN_ORDER_THREE, (76, 12)),
+])
+def test_frozen_weights_equal_mace(generator, configuration, counts):
+    """The weights MACE freezes at zero (its EmptyParam, by its index mapping), its flags in the state dict,
+    counts of parameters, for the module built here and the one taken from MACE."""
+    theirs = mace_contraction(*configuration, generator)
+    built = SymmetricContraction(*configuration[:3], num_elements=configuration[3], dtype=torch.float64)
+    for ours in (built, SymmetricContraction.from_mace(theirs)):
+        assert _structure(ours) == _structure(theirs)
+        total = sum(p.numel() for p in ours.parameters())
+        assert (total, sum(p.numel() for p in ours.parameters() if p.requires_grad)) == counts
+        ours.requires_grad_(True)  # a no-op on the frozen weights, as on MACE's
+        theirs.requires_grad_(True)
+        assert _structure(ours) == _structure(theirs)
+        for p in ours.parameters():
+            assert p.requires_grad or not p.detach().any()
+    built.load_state_dict(_state_of(theirs))
+    _compare(theirs, built, generator, nodes=7, second=False)
+
+
+def test_frozen_weights_get_no_gradient_and_survive_copies(generator):
+    theirs = mace_contraction(*FROZEN, generator)
+    ours = SymmetricContraction.from_mace(theirs)
+    frozen = [name for name, p in ours.named_parameters() if not p.requires_grad]
+    assert frozen == [name for name, p in theirs.named_parameters() if not p.requires_grad]
+    x, elements, one_hot = inputs(generator, 6, 2, 9, 3)
+    ours(x, one_hot).square().sum().backward()
+    assert all(ours.get_parameter(name).grad is None for name in frozen)
+    for copied in (copy.deepcopy(ours), copy.deepcopy(ours).float()):
+        copied.requires_grad_(True)
+        assert [name for name, p in copied.named_parameters() if not p.requires_grad] == frozen
+
+
+def _node_attributes(kind: str, one_hot: torch.Tensor, generator) -> torch.Tensor:
+    """Node attributes of ``kind`` with the shape of ``one_hot``; every kind but one-hot has a zero row."""
+    nodes, num_elements = one_hot.shape
+    if kind == "one-hot":
+        return one_hot.clone()
+    if kind == "scaled":  # at most one nonzero per row, of any sign
+        y = one_hot * torch.randn(nodes, 1, generator=generator, dtype=torch.float64)
+    elif kind == "soft":  # every entry nonzero
+        y = torch.rand(nodes, num_elements, generator=generator, dtype=torch.float64) + 0.1
+    else:  # mixed: some rows one-hot, some with two nonzeros
+        y = one_hot.clone()
+        rows = torch.arange(1, nodes, 2)
+        y[rows, (one_hot[rows].argmax(1) + 1) % num_elements] = torch.rand(len(rows), generator=generator,
+                                                                           dtype=torch.float64) + 0.5
+    y[2] = 0
+    return y
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("kind", ["one-hot", "scaled", "soft", "mixed"])
+def test_node_attributes_equal_mace(generator, kind, requires_grad):
+    """Any floating y, as in MACE (its y is linear): outputs, gradients of x, of the weights and of y."""
+    theirs = mace_contraction(*FROZEN, generator)
+    ours = SymmetricContraction.from_mace(theirs)
+    x, _, one_hot = inputs(generator, 9, 2, 9, 3)
+    y = _node_attributes(kind, one_hot, generator).requires_grad_(requires_grad)
+    x.requires_grad_(True)
+    expected, got = theirs(x, y), ours(x, y)
+    assert_close(got, expected, "output")
+    if kind != "one-hot":
+        assert not got[2].any()
+    cotangent = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
+    names = [name for name, p in theirs.named_parameters() if p.requires_grad]
+    wrt = [x, *([y] if requires_grad else [])]
+    g_theirs = torch.autograd.grad(expected, wrt + [theirs.get_parameter(name) for name in names], cotangent,
+                                   create_graph=requires_grad)
+    g_ours = torch.autograd.grad(got, wrt + [ours.get_parameter(name) for name in names], cotangent,
+                                 create_graph=requires_grad)
+    for i, (a, b) in enumerate(zip(g_ours, g_theirs)):
+        assert_close(a, b, f"gradient {i}")
+    if requires_grad:  # the derivative of y's gradient with respect to x (forces of an alchemical energy)
+        direction = torch.randn(y.shape, generator=generator, dtype=torch.float64)
+        assert_close(_grad((g_ours[1] * direction).sum(), [x])[0], _grad((g_theirs[1] * direction).sum(), [x])[0],
+                     "second derivative")

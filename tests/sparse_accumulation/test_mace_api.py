@@ -1,6 +1,7 @@
 """``sparse_accumulation.mace.SymmetricContraction`` without MACE: gradients to second order against finite
-differences, element indices and one-hot rows alike, empty and strided inputs, torch.compile, equivariance of
-the output under rotations, and bad input."""
+differences, element indices and one-hot rows alike, node attributes that are not one-hot (linear in each row),
+grad modes, empty and strided inputs, torch.compile without graph breaks, equivariance of the output under
+rotations, and bad input."""
 import pytest
 import torch
 
@@ -82,11 +83,97 @@ def test_output_is_equivariant(generator):
     assert torch.allclose(rotated[:, 2:].reshape(7, 2, 3), vectors @ D_vector.T, atol=1e-12)
 
 
-def test_compiled_module_equals_eager(generator):
+def _attributes(generator, elements, kind: str) -> torch.Tensor:
+    """``[nodes, 3]`` float64 node attributes of the elements: one-hot rows, scaled rows (any sign) with a
+    zero row, or mixed rows (several nonzeros) with a zero row."""
+    one_hot = torch.nn.functional.one_hot(elements, 3).to(torch.float64)
+    if kind == "one-hot":
+        return one_hot
+    if kind == "scaled":
+        y = one_hot * torch.randn(len(elements), 1, generator=generator, dtype=torch.float64)
+    else:
+        y = one_hot.clone()
+        rows = torch.arange(1, len(elements), 2)
+        y[rows, (elements[rows] + 1) % 3] = torch.rand(len(rows), generator=generator, dtype=torch.float64) + 0.5
+    y[0] = 0
+    return y
+
+
+@pytest.mark.parametrize("kind", ["scaled", "mixed"])
+def test_output_is_linear_in_each_row_of_y(generator, kind):
+    """Each node's output is ``sum_e y[n, e] * out(x[n], e)``: the scale of scaled rows and the per-node weights
+    of mixed rows both count, whether y requires grad or not."""
+    module = _module(generator)
+    x, elements = _inputs(generator, 12)
+    y = _attributes(generator, elements, kind)
+    per_element = torch.stack([module(x, torch.full_like(elements, e)) for e in range(3)], 1)  # [nodes, 3, out]
+    expected = (y[:, :, None] * per_element).sum(1)
+    for got in (module(x, y), module(x, y.clone().requires_grad_())):
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert not module(x, y)[0].any()
+
+
+@pytest.mark.parametrize("kind", ["one-hot", "scaled", "mixed", "indices", "requires grad"])
+def test_grad_modes_give_the_same_output(generator, kind):
+    module = _module(generator)
+    x, elements = _inputs(generator, 10)
+    y = elements if kind == "indices" else _attributes(generator, elements, "mixed" if kind == "requires grad"
+                                                       else kind).requires_grad_(kind == "requires grad")
+    expected = module(x, y)
+    with torch.no_grad():
+        assert torch.equal(module(x, y), expected)
+    with torch.inference_mode():
+        assert torch.equal(module(x.clone(), y if kind == "requires grad" else y.clone()), expected)
+
+
+def _explained_breaks(module, x, y) -> int:
+    torch._dynamo.reset()
+    return torch._dynamo.explain(module)(x, y).graph_break_count
+
+
+def test_one_graph_under_dynamo(generator):
+    """No graph break for one-hot rows, element indices and a y that requires grad, nor for weights frozen at
+    zero (as MACE freezes them)."""
+    module = _module(generator)
+    x, elements = _inputs(generator, 8)
+    one_hot = _attributes(generator, elements, "one-hot")
+    for y in (one_hot, elements, one_hot.clone().requires_grad_()):
+        assert _explained_breaks(module, x, y) == 0
+    frozen = SymmetricContraction("2x0e+2x1o+2x2e", "2x1e", 4, num_elements=3, dtype=torch.float64)
+    assert not all(p.requires_grad for p in frozen.parameters())
+    assert _explained_breaks(frozen, torch.randn(8, 2, 9, generator=generator, dtype=torch.float64), one_hot) == 0
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["one-hot", "scaled", "indices", "requires grad"])
+def test_compiled_module_equals_eager(generator, backend, kind):
+    """Forward, gradient of x (and of y where it requires grad) of the compiled module equal eager mode's."""
+    torch._dynamo.reset()
     module = _module(generator)
     x, elements = _inputs(generator, 9)
-    compiled = torch.compile(module, fullgraph=True, backend="eager")
-    assert torch.allclose(compiled(x, elements), module(x, elements), rtol=1e-13, atol=1e-13)
+    y = elements if kind == "indices" else _attributes(generator, elements, "mixed" if kind == "requires grad"
+                                                       else kind).requires_grad_(kind == "requires grad")
+    compiled = torch.compile(module, fullgraph=True, backend=backend)
+    results = []
+    for function in (module, compiled):
+        features = x.clone().requires_grad_()
+        out = function(features, y)
+        wrt = [features, y] if kind == "requires grad" else [features]
+        results.append([out, *torch.autograd.grad(out.square().sum(), wrt)])
+    for expected, got in zip(*results):
+        assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_module_refuses_rows_with_several_nonzeros(generator):
+    """Under torch.compile nothing is read from y: a device-side assertion stops mixed rows (which need eager
+    mode or a y that requires grad there)."""
+    torch._dynamo.reset()
+    module = _module(generator)
+    x, elements = _inputs(generator, 6)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    compiled(x, _attributes(generator, elements, "scaled"))
+    with pytest.raises(RuntimeError, match="y has rows with several nonzeros"):
+        compiled(x, _attributes(generator, elements, "mixed"))
 
 
 def test_bad_input_is_refused(generator):
@@ -102,11 +189,9 @@ def test_bad_input_is_refused(generator):
         module(x, elements[:3])
     with pytest.raises(IndexError, match="y contains 3, out of range"):
         module(x, torch.tensor([0, 1, 2, 3]))
-    with pytest.raises(ValueError, match="y must be one-hot"):
-        module(x, torch.full((4, 3), 0.5, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"y must be \[nodes, num_elements=3\]"):
         module(x, torch.zeros(4, 2, dtype=torch.float64))
-    with pytest.raises(TypeError, match="a 2-D y must be a one-hot floating tensor"):
+    with pytest.raises(TypeError, match="a 2-D y must be floating node attributes"):
         module(x, torch.zeros(4, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="weights must be given exactly when"):
         module(x, elements, [[]])

@@ -115,8 +115,9 @@ def test_programs_are_interned_and_checked():
         Program(0, (x,), (x,), [[]])
     with pytest.raises(ValueError, match="Slot of kind"):
         Program(3, (Slot("edge", x.map),), (x,), [[]])
-    with pytest.raises(ValueError, match="no polynomial program"):
-        Program.from_key("poly1:unknown")
+    for key in ("poly1:unknown", "poly2:unknown", a.key[:-8]):
+        with pytest.raises(ValueError, match="not a polynomial program key"):
+            Program.from_key(key)
 
 
 def test_elements_refuse_bad_input():
