@@ -191,13 +191,34 @@ def _validate_indexed(X1, X2, mu, output_size, m1, m2, C, active: str) -> None:
     _check_coefficients(C, nnz)
 
 
+@torch.compiler.assume_constant_result
+def _traced_rule(m1, m2, mu, M1: int, M2: int, output_size: int):
+    """``(key, [m1, m2, mu])`` of the rule of index tensors while ``torch.compile`` traces (run on the tensors'
+    values, its result a constant of the graph), or None where the values are not known then."""
+    if any(type(t) is not torch.Tensor for t in (m1, m2, mu)):
+        return None
+    rule = prepare_rule(m1, m2, mu, M1, M2, output_size)
+    return rule.key, [list(rule.m1), list(rule.m2), list(rule.mu)]
+
+
 def _accumulate_indexed(X1, X2, mu, output_size, m1, m2, C, implementation):
     """The tensor API on ``[..., M]`` operands (active dimension last)."""
     name = backends.resolved(implementation, X1.device)
     if name in backends.REFERENCES or eager.applies(X1, X2, C, m1, m2, mu):
         rule = prepare_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size)
         return _run(X1, X2, None, C, rule, name)
-    return ops.accumulate_indexed(X1, X2, C, m1, m2, mu, output_size, _requested(implementation))
+    traced = _traced_rule(m1, m2, mu, X1.shape[-1], X2.shape[-1], output_size) if torch.compiler.is_compiling() \
+        else None
+    if traced is None:
+        return ops.accumulate_indexed(X1, X2, C, m1, m2, mu, output_size, _requested(implementation))
+    # the rule is a constant of the compiled graph, as with a Rule; the graph checks on the device (no
+    # synchronisation) that the index tensors still hold the values it was traced with
+    key, arrays = traced
+    expected = torch.tensor(arrays, dtype=torch.int64, device=X1.device)
+    held = torch.stack([m1.to(torch.int64), m2.to(torch.int64), mu.to(torch.int64)])
+    torch._assert_async((held == expected).all(), "sparse_accumulation.accumulate: the index tensors m1, m2, mu "
+                        "changed since the compiled graph was traced (it holds their rule): recompile, or pass a Rule")
+    return ops.accumulate(X1, X2, None, C, key, _requested(implementation))
 
 
 def accumulate(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):
@@ -221,14 +242,17 @@ def accumulate(X1, X2, mu, output_size, m1, m2, C, *, implementation=None):
         are accumulated in float32. Differentiable with respect to X1, X2 and C, to any order.
 
     The index values are read on the host the first time a set of index tensors is used (a synchronisation
-    for CUDA tensors), then found again by the tensors' identity; a :class:`~sparse_accumulation.rules.Rule`
-    with :func:`accumulate_rule` never reads them on a call.
+    for CUDA tensors), then found again by the tensors' identity and version (never for inference tensors,
+    read on every call); a :class:`~sparse_accumulation.rules.Rule` with :func:`accumulate_rule` never reads
+    them on a call. Under ``torch.compile`` they are read when the graph is traced, which then holds their
+    rule as a constant and checks on the device that they still hold those values (an error if not).
 
     Raises:
         TypeError: non-tensor or non-floating data, non-integer indices, dtypes of X1, X2 and C differ.
         ValueError: shapes do not fit or broadcast, tensors on different devices, unknown implementation.
         IndexError: an index is negative or out of range (``mu >= output_size`` included).
-        RuntimeError: the requested implementation is not available for the device.
+        RuntimeError: the requested implementation is not available for the device; compiled, index tensors
+            that no longer hold the values the graph was traced with.
     """
     _validate_indexed(X1, X2, mu, output_size, m1, m2, C, "last")
     return _accumulate_indexed(X1, X2, mu, output_size, m1, m2, C, implementation)

@@ -6,8 +6,8 @@ installing, with the ``NUMBA_CACHE_DIR`` the jobs will use (by default numba wri
 sources, in ``__pycache__``), so that no job compiles.
 
 The sparse accumulation kernels are compiled in every variant (with and without weights, with and without
-the gradient of ``C``) for each dtype they compute in (16-bit inputs compute in float32); the message-passing
-and HIP-NN kernels by a forward and backward call of each.
+the gradient of ``C``) for each dtype they compute in (16-bit inputs compute in float32); the message-passing,
+polynomial (MACE) and HIP-NN kernels by calls of each to the second derivative.
 """
 from __future__ import annotations
 
@@ -35,7 +35,9 @@ def _accumulation(dtype: torch.dtype, weighted: bool, want_c: bool) -> None:
 
 
 def _message_passing(dtype: torch.dtype) -> None:
-    """A forward and backward call of the message-passing kernels (gathered X1, summed output rows)."""
+    """Forward, backward and double backward calls of the message-passing kernels: gathered X1 with summed
+    output rows, and every operand gathered by an index of its own (outputs summed by another index than the
+    one the kernel walks: the segment sums)."""
     import sparse_accumulation as sa
 
     rule = sa.Rule(torch.tensor([0, 1]), torch.tensor([1, 0]), torch.tensor([0, 1]), 2, input_sizes=(2, 2),
@@ -43,9 +45,26 @@ def _message_passing(dtype: torch.dtype) -> None:
     x = torch.randn(3, 2, 2, dtype=dtype, requires_grad=True)
     y, W = (torch.randn(4, *shape, dtype=dtype, requires_grad=True) for shape in ((1, 2), (2, 2)))
     src, dst = torch.tensor([0, 1, 2, 0]), torch.tensor([1, 2, 0, 0])
-    out = sa.accumulate_rule(x, y, rule, torch.ones(2, dtype=dtype), W, implementation="numba", indices_1=src,
-                             indices_out=dst, size_out=3)
+    C = torch.ones(2, dtype=dtype)
+    out = sa.accumulate_rule(x, y, rule, C, W, implementation="numba", indices_1=src, indices_out=dst, size_out=3)
     out.sum().backward()
+    out = sa.accumulate_rule(x, y[:3], rule, C, W[:3], implementation="numba", indices_1=src, indices_2=dst,
+                             indices_w=src, indices_out=dst, size_out=3)
+    grads = torch.autograd.grad(out.square().sum(), (x, y, W), create_graph=True)
+    sum(g.square().sum() for g in grads).backward()
+
+
+def _symmetric_contraction(dtype: torch.dtype) -> None:
+    """MACE's symmetric contraction: forward, backward and double backward of the polynomial kernels, with
+    element and per-node weights."""
+    from .mace import SymmetricContraction
+
+    module = SymmetricContraction("2x0e + 2x1o", "2x0e + 2x1o", correlation=3, num_elements=2,
+                                  implementation="numba", dtype=dtype)
+    x = torch.randn(3, 2, 4, dtype=dtype, requires_grad=True)
+    for y in (torch.tensor([0, 1, 1]), torch.rand(3, 2, dtype=dtype)):
+        (grad,) = torch.autograd.grad(module(x, y).square().sum(), x, create_graph=True)
+        grad.square().sum().backward()
 
 
 def _interaction_sums(dtype: torch.dtype) -> None:
@@ -70,6 +89,7 @@ def steps(dtypes: Sequence[torch.dtype]) -> list:
             label = f"accumulate {name}" + (", weights" if weighted else "") + (", dC" if want_c else "")
             out.append((label, lambda d=dtype, a=weighted, b=want_c: _accumulation(d, a, b)))
         out.append((f"message passing {name}", lambda d=dtype: _message_passing(d)))
+        out.append((f"symmetric contraction {name}", lambda d=dtype: _symmetric_contraction(d)))
         out.append((f"interaction sums {name}", lambda d=dtype: _interaction_sums(d)))
     return out
 

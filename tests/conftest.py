@@ -12,6 +12,15 @@ def generator(request):
     return g
 
 
+@pytest.fixture
+def threads():
+    """At least two torch threads for the test (the CPU kernels run threaded paths on as many threads)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(2, previous))
+    yield torch.get_num_threads()
+    torch.set_num_threads(previous)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -35,3 +35,63 @@ def reference(X1, X2, W, C, rule, indices, size_out):
         return per_edge
     out = torch.zeros(size_out, *per_edge.shape[1:], dtype=per_edge.dtype, device=per_edge.device)
     return out.index_add(0, indices[3], per_edge)
+
+
+def assert_close_to(ours, theirs, rtol):
+    """``ours`` (any dtype) against a float64 reference ``theirs``: relative ``rtol``, absolute ``rtol`` times
+    the largest reference value (sums cancel, so small entries carry the rounding error of the large ones)."""
+    theirs = theirs.double()
+    scale = theirs.abs().max().item()
+    assert scale > 0
+    torch.testing.assert_close(ours.double().cpu(), theirs.cpu(), rtol=rtol, atol=rtol * scale)
+
+
+#: the patterns of :func:`pattern_case`
+PATTERNS = ("X1", "X2", "W", "all", "unweighted", "one-row", "shared-channels")
+
+
+def pattern_case(generator, pattern):
+    """``(operands [X1, X2, W or None], C, rule, indices, size_out)`` of a tiny float64 message-passing call
+    (``[rows, channels or 1, M]`` operands) for gradgradcheck: ``pattern`` is ``"X1"``, ``"X2"`` or ``"W"``
+    (that operand alone gathered), ``"all"`` (all four indices), ``"unweighted"`` (all indices, a rule
+    without weights), ``"one-row"`` (X2 and W one row read by every edge) or ``"shared-channels"`` (X1 and X2
+    ``[rows, 1, M]`` against W ``[rows, B, M]``)."""
+    channels, nodes, edges = 2, 3, 5
+    weighted = pattern != "unweighted"
+    if weighted:
+        rule, C = weighted_rule(1, 1, 1)
+    else:
+        m1, m2, mu, C = sa.get_cg_transformation_rule(1, 1, 1, dtype=torch.float64)
+        rule = sa.Rule(m1, m2, mu, 3, input_sizes=(3, 3))
+    src, dst = random_graph(generator, nodes, edges)
+    second = torch.randint(0, 2, (edges,), generator=generator)
+    weight_rows = torch.randint(0, 2, (edges,), generator=generator)
+    rows = {"X1": edges, "X2": edges, "W": edges}
+    operand_channels = {"X1": channels, "X2": 1, "W": channels}
+    indices = [None, None, None, None]
+    size_out = None
+    if pattern == "X1":
+        indices[0], rows["X1"] = src, nodes
+    elif pattern == "X2":
+        indices[1], rows["X2"] = second, 2
+    elif pattern == "W":
+        indices[2], rows["W"] = weight_rows, 2
+    elif pattern in ("all", "unweighted"):
+        indices = [src, second, weight_rows if weighted else None, dst]
+        rows.update(X1=nodes, X2=2, W=2)
+        size_out = nodes
+    elif pattern == "one-row":
+        indices[0], indices[3], size_out = src, dst, nodes
+        rows.update(X1=nodes, X2=1, W=1)
+    elif pattern == "shared-channels":
+        indices[0], indices[3], size_out = src, dst, nodes
+        rows["X1"] = nodes
+        operand_channels.update(X1=1, X2=1, W=channels)
+    else:
+        raise ValueError(f"unknown pattern {pattern!r}")
+    names = ("X1", "X2", "W") if weighted else ("X1", "X2")
+    operands = [torch.randn(rows[n], operand_channels[n], 3, generator=generator, dtype=torch.float64)
+                for n in names]
+    if not weighted:
+        operands.append(None)
+    return operands, C, rule, indices, size_out

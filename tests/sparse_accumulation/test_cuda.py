@@ -164,6 +164,33 @@ def test_compile_reduce_overhead_forward_and_backward(generator):
             assert_close_to(a, b, torch.float32)
 
 
+@pytest.mark.parametrize("l", [1, 2, 8])
+def test_tensor_api_with_captured_index_tensors_under_cuda_graphs(generator, l):
+    """``accumulate(X1, X2, mu, M, m1, m2, C)`` with CUDA index tensors captured by a closure runs as CUDA graphs
+    (reduce-overhead), forward and forward+backward, equal to eager on new values each step; index values
+    changed after tracing raise instead of using the traced rule."""
+    torch._dynamo.reset()
+    m1, m2, mu, C = (t.cuda() for t in sa.get_cg_transformation_rule(l, l, l))
+    M = 2 * l + 1
+
+    def step(X1, X2):
+        out = sa.accumulate(X1, X2, mu, M, m1, m2, C)
+        return (out,) + torch.autograd.grad(out.square().sum(), (X1, X2))
+
+    compiled = torch.compile(step, mode="reduce-overhead")
+    for _ in range(4):
+        X1, X2 = (torch.randn(300, 7, M, generator=generator).cuda().requires_grad_() for _ in range(2))
+        for a, b in zip(compiled(X1, X2), step(X1, X2)):
+            assert_close_to(a, b, torch.float32)
+    mu[0] = (mu[0] + 1) % M
+    torch.cuda.synchronize()
+    forward = torch.compile(lambda X1, X2: sa.accumulate(X1, X2, mu, M, m1, m2, C), mode="reduce-overhead",
+                            fullgraph=True)
+    X1, X2 = (torch.randn(300, 7, M, generator=generator).cuda() for _ in range(2))
+    for _ in range(3):  # traced with the edited values: their rule
+        assert_close_to(forward(X1, X2), sa.accumulate(X1, X2, mu, M, m1, m2, C), torch.float32)
+
+
 def test_calls_never_synchronise(generator):
     """Eager forward, forward+backward and double backward through rules, and the compiled step, run with
     torch.cuda.set_sync_debug_mode("error"): no host-device copy, no synchronisation."""

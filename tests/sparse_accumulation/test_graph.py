@@ -119,6 +119,31 @@ def test_prepared_index_objects(generator):
     assert torch.equal(ours, _call(X1, X2, W, C, rule, (src, None, None, dst), size_out, "numba"))
 
 
+def test_the_sorted_flag_never_skips_work_it_cannot_verify(generator):
+    """``sorted=True`` is checked (with ``check``) and refused for unsorted values; without ``check`` nothing is
+    read and the index is sorted anyway: the sums are right either way."""
+    X1, X2, W, C, rule, (src, _, _, dst), size_out = _case(generator, torch.float64, 4, "1o", False)
+    assert not bool((dst[1:] >= dst[:-1]).all())
+    with pytest.raises(ValueError, match="index is not sorted"):
+        Index(dst, 7, sorted=True)
+    unchecked = Index(dst, 7, sorted=True, check=False)
+    assert not unchecked.sorted
+    expected = reference(X1, X2, W, C, rule, (src, None, None, dst), size_out)
+    got = _call(X1, X2, W, C, rule, (src, None, None, unchecked), size_out, "numba")
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    ordered = dst.sort().values
+    assert Index(ordered, 7, sorted=True).sorted and not Index(ordered, 7, sorted=False).sorted
+
+
+def test_an_index_changed_in_place_after_it_was_made_is_refused(generator):
+    X1, X2, W, C, rule, (src, _, _, dst), size_out = _case(generator, torch.float64, 4, "1o", False)
+    prepared = Index(dst, 7)
+    assert prepared.tensor is dst  # an int64 contiguous index is held, not copied
+    dst[0] = (dst[0] + 1) % 7
+    with pytest.raises(ValueError, match="indices_out: the index tensor was changed in place"):
+        _call(X1, X2, W, C, rule, (src, None, None, prepared), size_out, "numba")
+
+
 @pytest.mark.parametrize("bad,error,match", [
     ({"indices_1": "high"}, IndexError, "indices_1 contains row 7"),
     ({"indices_out": "negative"}, IndexError, "indices_out contains a negative"),

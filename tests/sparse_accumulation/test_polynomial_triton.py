@@ -112,3 +112,28 @@ def test_issue_configuration_on_cuda(generator):
     grads = [torch.autograd.grad(o.square().sum(), [x_, *m.parameters()]) for o, x_, m in zip(outs, xs, (cpu, gpu))]
     for a, b in zip(grads[1], grads[0]):
         assert torch.allclose(a.cpu(), b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
+
+
+@pytest.mark.cuda
+@interpreted.cuda
+@pytest.mark.parametrize("channels", [1, 4, 8, 16, 24, 32, 48])
+def test_every_channel_count_compiles_and_equals_numba_on_cuda(generator, channels):
+    """Programs of few channels (tiles narrower than a warp's share of the block) compile for sm_90 and give the
+    numba kernels' values and gradients to the second order."""
+    irreps = f"{channels}x0e+{channels}x1o+{channels}x2e"
+    cpu = SymmetricContraction(irreps, f"{channels}x0e+{channels}x1o", 3, num_elements=3, implementation="numba",
+                               dtype=torch.float64)
+    gpu = SymmetricContraction(irreps, f"{channels}x0e+{channels}x1o", 3, num_elements=3, implementation="triton",
+                               dtype=torch.float64).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    x = torch.randn(90, channels, 9, generator=generator, dtype=torch.float64)
+    elements = torch.randint(0, 3, (90,), generator=generator)
+    found = []
+    for module, device in ((cpu, "cpu"), (gpu, "cuda")):
+        leaf = x.to(device).requires_grad_()
+        out = module(leaf, elements.to(device))
+        (grad,) = torch.autograd.grad(out.square().sum(), leaf, create_graph=True)
+        (second,) = torch.autograd.grad(grad.square().sum(), leaf)
+        found.append([t.detach().cpu() for t in (out, grad, second)])
+    for a, b in zip(found[1], found[0]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10 * b.abs().max().item())

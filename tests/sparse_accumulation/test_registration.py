@@ -93,18 +93,24 @@ def test_compile_inductor_module(generator):
                     torch.float64)
 
 
-def test_compile_checks_index_values_at_run_time(generator):
-    """Range checks run inside the op, so a compiled function still rejects an out-of-range index."""
+def test_compiled_tensor_api_holds_the_traced_rule_and_checks_the_indices(generator):
+    """Compiled, the tensor API reads its index tensors when the graph is traced (range checks included) and the
+    graph holds their rule; called later with other index values, it raises instead of using the old rule."""
     torch._dynamo.reset()
     m1, m2, mu, C = random_rule(generator, 3, 3, 3, nnz=8)
     compiled = torch.compile(lambda X1, X2, mu: sa.accumulate(X1, X2, mu, 3, m1, m2, C), fullgraph=True,
                              backend="aot_eager")
     X = torch.randn(4, 3, generator=generator, dtype=torch.float64)
-    compiled(X, X, mu)
+    torch.testing.assert_close(compiled(X, X, mu), sa.accumulate(X, X, mu, 3, m1, m2, C), rtol=1e-12, atol=1e-12)
+    other = mu.clone()
+    other[0] = (other[0] + 1) % 3
+    with pytest.raises(RuntimeError, match="m1, m2, mu changed since the compiled graph was traced"):
+        compiled(X, X, other)
     bad = mu.clone()
     bad[0] = 3
-    with pytest.raises(IndexError, match="mu"):
-        compiled(X, X, bad)
+    with pytest.raises(IndexError, match="mu contains index 3"):
+        torch.compile(lambda X1, X2, mu: sa.accumulate(X1, X2, mu, 3, m1, m2, C), fullgraph=True,
+                      backend="aot_eager")(X, X, bad)
 
 
 def test_double_backward_under_compile_fails_loudly(generator):

@@ -1,0 +1,41 @@
+"""Element outputs of the Triton polynomial kernels (interpreted on the CPU without a GPU, ``interpreted.py``)
+summed over MANY tiles of each element (``triton_polynomial.element_tile_rows``: per-tile partial sums, then
+summed over each element's tiles in order), against the brute-force float64 loop over ``Program.terms``."""
+import interpreted
+
+interpreted.enable()
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from polynomial_helpers import random_operands, random_program, reference  # noqa: E402
+from sparse_accumulation.elements import Elements  # noqa: E402
+from sparse_accumulation.kernels import triton_polynomial  # noqa: E402
+
+interpreted.restore()
+_interpreter = interpreted.module_fixture()
+DEVICE = interpreted.DEVICE
+
+
+def test_element_outputs_sum_every_tile_of_an_element(generator):
+    """150 nodes of 2 elements, several element tiles each: the derivative program's element output (the
+    gradient of P, computed alone) sums every tile of an element."""
+    program = random_program(generator, channels=2, terms=6)
+    nodes = 150
+    values = (torch.arange(nodes) % 2)[torch.randperm(nodes, generator=generator)]
+    elements = Elements(values, 2)
+    rows = triton_polynomial.element_tile_rows(nodes)
+    _, offsets = elements.tiles(rows)
+    assert (offsets[1:] - offsets[:-1]).min().item() >= 3
+    tensors = random_operands(generator, program, nodes, 2)
+    cotangent = torch.randn(nodes, program.outputs[0].width, generator=generator, dtype=torch.float64)
+    derivative = program.derivative((0, 1, 2), (True,))
+    operands = tensors + [cotangent]
+    (got,) = triton_polynomial.run(derivative, [t.to(DEVICE) for t in operands], Elements(values.to(DEVICE), 2),
+                                   (1,))
+    (expected,) = reference(derivative, operands, elements, (1,))
+    assert derivative.outputs[1].kind == "element"
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got.cpu().double(), expected, rtol=1e-12, atol=1e-12 * scale)
