@@ -15,7 +15,7 @@ network's output) in every allowed "uvu" path (13), each path into its own outpu
   sum inside the kernels, deterministic (segments by destination); ``fused-atomic`` (CUDA): the sums by atomic
   adds, no sorting; ``fused-by-output``: every kernel's grid the segments of an output's index (the gradient
   of x then loops over the edges by source, reading the output gradient at random rows) instead of the choice
-  of :func:`sparse_accumulation.graph_ops._grid_slots` (by destination, x's gradient summed afterwards);
+  of :func:`sparse_accumulation.ops.graph.registered._grid_slots` (by destination, x's gradient summed afterwards);
 * ``cueq``: cuEquivariance's ``ChannelWiseTensorProduct`` with the same keywords, when it is importable;
 * ``product``: the per-edge product alone, ``TensorProduct(x[src], Y, W)`` on gathered rows given as inputs
   (no gather, no sum).
@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from sparse_accumulation import graph_ops  # noqa: E402
+from sparse_accumulation.ops.graph import registered as graph_ops  # noqa: E402
 from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E402
 from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
 

@@ -8,7 +8,7 @@ For each case (real CG rule l1 x l2 -> L, rows = A x B in the ``[A, B, M]`` layo
 contiguous) it prints the correctness of every timed implementation against ``index_add`` and times (median,
 ``triton.testing.do_bench``; inputs rotated over copies larger than L2 where a set of inputs would fit there):
 
-* ours forward kernel alone, each load/store strategy (``triton_gpu.STRATEGIES``);
+* ours forward kernel alone, each load/store strategy (``triton_accumulate.STRATEGIES``);
 * ours through the public API ``sparse_accumulation.accumulate(..., implementation="triton")`` when importable
   (else forward+backward composed from the kernels): forward, forward+backward, with the gradient of C, and
   double backward, as called from Python ("eager"); forward and forward+backward also replayed from a CUDA
@@ -47,11 +47,11 @@ import sparse_accumulation  # noqa: E402
 from sparse_accumulation import bench as user_bench  # noqa: E402
 
 try:  # the kernels alone, by load/store strategy: internal names, absent when the kernels are reorganised
-    from sparse_accumulation import layout
-    from sparse_accumulation.kernels import triton_gpu
-    from sparse_accumulation.rules import prepare_rule
+    from sparse_accumulation.kernels import layout
+    from sparse_accumulation.kernels.triton import accumulate as triton_accumulate
+    from sparse_accumulation.indices import prepare_rule
 
-    STRATEGIES = tuple(triton_gpu.STRATEGIES)
+    STRATEGIES = tuple(triton_accumulate.STRATEGIES)
     KERNELS_NOTE = ""
 except Exception as _error:  # noqa: BLE001 - reported in the log, the rest of the script runs
     layout = triton_gpu = prepare_rule = None
@@ -188,7 +188,7 @@ def kernel_forward(X1, X2, C, rule, strategy):
     key = (X1.shape, X1.stride(), X2.shape, X2.stride())
     if key not in _ROW_PLANS:
         _ROW_PLANS[key] = layout.plan((X1, X2), ("X1", "X2"))[1]
-    return triton_gpu.accumulate(X1, X2, None, C, rule, _ROW_PLANS[key], strategy=strategy)
+    return triton_accumulate.accumulate(X1, X2, None, C, rule, _ROW_PLANS[key], strategy=strategy)
 
 
 _ROW_PLANS = {}

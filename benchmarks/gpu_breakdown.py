@@ -24,8 +24,8 @@ import triton.testing
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sparse_accumulation as sa  # noqa: E402
-from sparse_accumulation.kernels import triton_gpu  # noqa: E402
-from sparse_accumulation.layout import plan  # noqa: E402
+from sparse_accumulation.kernels.triton import accumulate as triton_accumulate  # noqa: E402
+from sparse_accumulation.kernels.layout import plan  # noqa: E402
 
 
 def synchronize(device):
@@ -55,7 +55,7 @@ def host_us(function, device, calls: int = 300) -> float:
 
 def best_config(kind, rule, operands, rows, widths, strategy, wanted=()):
     folded = rows.operands if kind == "fwd" else ((rows.A, rows.B, widths[0] if rows.A != 1 else 0, 0),) + rows.operands
-    kernel = triton_gpu._row_call(kind, rule, operands, folded, rows, widths, strategy, wanted)[0]
+    kernel = triton_accumulate._row_call(kind, rule, operands, folded, rows, widths, strategy, wanted)[0]
     config = getattr(kernel, "best_config", None)
     return "?" if config is None else f"{config.kwargs.get('BLOCK_R')}/{config.num_warps}w"
 
@@ -70,20 +70,20 @@ def kernel_times(ls, grad_ls, strategies, rows_count, device):
         floor = 3 * rows_count * M * 4 / 1e9  # ms at 1 TB/s
         parts = []
         for s in strategies if l in ls else ():
-            ms = device_ms(lambda: triton_gpu.accumulate(X1, X2, None, C, rule, rows, strategy=s), device)
+            ms = device_ms(lambda: triton_accumulate.accumulate(X1, X2, None, C, rule, rows, strategy=s), device)
             parts.append(f"fwd {s} {ms:.3f} ({best_config('fwd', rule, [X1, X2], rows, (M,), s)})")
         for s in strategies if l in grad_ls else ():
-            ms = device_ms(lambda: triton_gpu.accumulate_input_gradients(G, X1, X2, None, C, rule, rows, strategy=s),
+            ms = device_ms(lambda: triton_accumulate.accumulate_input_gradients(G, X1, X2, None, C, rule, rows, strategy=s),
                            device)
             config = best_config('grad', rule, [G, X1, X2], rows, (M, M), s, ((0, False), (1, False)))
             parts.append(f"grads {s} {ms:.3f} ({config})")
             swapped = (plan((G, X2), ("G", "X2"))[1], plan((X1, G), ("X1", "G"))[1])
             ms = device_ms(lambda: (
-                triton_gpu.accumulate(G, X2, None, C, rule.swapped("X1"), swapped[0], strategy=s),
-                triton_gpu.accumulate(X1, G, None, C, rule.swapped("X2"), swapped[1], strategy=s)), device)
+                triton_accumulate.accumulate(G, X2, None, C, rule.swapped("X1"), swapped[0], strategy=s),
+                triton_accumulate.accumulate(X1, G, None, C, rule.swapped("X2"), swapped[1], strategy=s)), device)
             parts.append(f"2 swapped fwd {s} {ms:.3f}")
         if l in grad_ls:
-            ms = device_ms(lambda: triton_gpu.accumulate_dC(G, X1, X2, None, rule, rows), device)
+            ms = device_ms(lambda: triton_accumulate.accumulate_dC(G, X1, X2, None, rule, rows), device)
             parts.append(f"dC {ms:.3f}")
             A, B = X1.clone().requires_grad_(), X2.clone().requires_grad_()
             ms = device_ms(lambda: torch.autograd.grad(sa.accumulate_rule(A, B, rule, C), (A, B), G), device)
@@ -114,8 +114,8 @@ def host_times(device):
         return torch.autograd.grad((A * B).sin(), (A, B), G)
 
     calls = {
-        "raw kernel": lambda: triton_gpu.accumulate(X1, X2, None, C, rule, rows),
-        "raw backward": lambda: triton_gpu.accumulate_backward(G, X1, X2, None, C, rule, rows, True, True, False,
+        "raw kernel": lambda: triton_accumulate.accumulate(X1, X2, None, C, rule, rows),
+        "raw backward": lambda: triton_accumulate.accumulate_backward(G, X1, X2, None, C, rule, rows, True, True, False,
                                                                False),
         "backward op": lambda: torch.ops.sparse_accumulation.accumulate_backward(
             G, X1, X2, None, C, rule.key, "triton", True, True, False, False),
@@ -133,7 +133,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ls", default="8,4,2", help="l of the forward timings (comma-separated)")
     parser.add_argument("--grad-ls", default="8,4,2", help="l of the gradient timings (comma-separated)")
-    parser.add_argument("--strategies", default=",".join(triton_gpu.STRATEGIES),
+    parser.add_argument("--strategies", default=",".join(triton_accumulate.STRATEGIES),
                         help="load/store strategies, 'name' or 'loads+stores' (comma-separated)")
     parser.add_argument("--host-only", action="store_true", help="skip the device timings")
     parser.add_argument("--rows", type=int, default=2_000_000, help="rows of the device timings")

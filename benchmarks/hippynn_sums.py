@@ -14,7 +14,7 @@ in hippynn's order; ``env`` uniform random) and each case:
 it times ``sparse_accumulation`` (indices cached between calls, as in a forward and its backward), as
 ``sparse_accumulation, new indices`` the same with index tensors made afresh for every call (sorting them
 included), on CUDA as ``sparse_accumulation, atomic featsum`` with the Triton featsum that adds atomically
-(``hippynn_triton.FEATSUM = "atomic"``), against every hippynn implementation that runs here: ``pytorch``
+(``triton_pair_sums.FEATSUM = "atomic"``), against every hippynn implementation that runs here: ``pytorch``
 (hippynn's torch.compile'd formulas), ``numba`` and, on CUDA, ``triton``; one that fails is reported with its
 error. Times are medians of
 single synchronised calls (CUDA events on CUDA); ``peak MB`` is the most memory the call held beyond what was
@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation.bench import timing  # noqa: E402
-from sparse_accumulation.kernels import buffers, hippynn_torch  # noqa: E402
+from sparse_accumulation.kernels import buffers  # noqa: E402
 
 SIZES = ("medium", "large", "mega")
 CASES = ("envsum", "sensesum", "featsum", "envsum fwd+bwd", "double backward")
@@ -123,10 +123,11 @@ def _steps(name: str, data):
 def _references(data):
     """The float64 results the forwards and envsum's gradients are checked against (chunked gather formulas)."""
     s, z, env, first, second, G, _ = (t.double() if t.is_floating_point() else t for t in data)
-    return {"envsum": hippynn_torch.envsum(s, z, first, second),
-            "sensesum": hippynn_torch.sensesum(env, z, first, second),
-            "featsum": hippynn_torch.featsum(env, s, first, second),
-            "envsum fwd+bwd": (hippynn_torch.sensesum(G, z, first, second), hippynn_torch.featsum(G, s, first, second))}
+    return {"envsum": sa.envsum(s, z, first, second, implementation="torch"),
+            "sensesum": sa.sensesum(env, z, first, second, implementation="torch"),
+            "featsum": sa.featsum(env, s, first, second, implementation="torch"),
+            "envsum fwd+bwd": (sa.sensesum(G, z, first, second, implementation="torch"),
+                               sa.featsum(G, s, first, second, implementation="torch"))}
 
 
 def _relative_error(got, expected) -> float:
@@ -207,13 +208,13 @@ def _variant(name: str):
     if name != ATOMIC:
         yield
         return
-    from sparse_accumulation.kernels import hippynn_triton
+    from sparse_accumulation.kernels.triton import pair_sums as triton_pair_sums
 
-    previous, hippynn_triton.FEATSUM = hippynn_triton.FEATSUM, "atomic"
+    previous, triton_pair_sums.FEATSUM = triton_pair_sums.FEATSUM, "atomic"
     try:
         yield
     finally:
-        hippynn_triton.FEATSUM = previous
+        triton_pair_sums.FEATSUM = previous
 
 
 def run_size(size: str, device, names: list, repeats: int) -> list:

@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sparse_accumulation as sa  # noqa: E402
-from sparse_accumulation.kernels import hippynn_torch, hippynn_triton as K  # noqa: E402
+from sparse_accumulation.ops.pair_sums.registered import pairs_of  # noqa: E402
+from sparse_accumulation.kernels.triton import pair_sums as K
 
 
 def _pow2(n, low, high):
@@ -113,9 +114,9 @@ def main():
     for size in args.sizes:
         s, z, env, first, second = _data(size, device)
         nu, feat = s.shape[1], z.shape[1]
-        ref = {"envsum": hippynn_torch.envsum(s.double(), z.double(), first, second),
-               "sensesum": hippynn_torch.sensesum(env.double(), z.double(), first, second),
-               "featsum": hippynn_torch.featsum(env.double(), s.double(), first, second)}
+        ref = {"envsum": sa.envsum(s.double(), z.double(), first, second, implementation="torch"),
+               "sensesum": sa.sensesum(env.double(), z.double(), first, second, implementation="torch"),
+               "featsum": sa.featsum(env.double(), s.double(), first, second, implementation="torch")}
         inputs = {"envsum": (s, z), "sensesum": (env, z), "featsum": (env, s)}
         for name, table in VARIANTS.items():
             floor = _bytes(name, s, z, env, first, second) / bandwidth * 1e3
@@ -125,7 +126,8 @@ def main():
                 precision, method, kernel, spec = _settings(name, variant)
                 K.FLOAT32_PRECISION, K.FEATSUM = precision, method
                 K.CONFIG = {kernel: _config(spec, nu, feat)}
-                fn = lambda: getattr(K, name)(*inputs[name], first, second)  # noqa: E731
+                pairs = pairs_of(name, *inputs[name], first, second)
+                fn = lambda: getattr(K, name)(*inputs[name], pairs)  # noqa: E731
                 try:
                     out = fn()
                     err = float((out.double() - ref[name]).abs().max() / ref[name].abs().max())

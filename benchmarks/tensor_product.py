@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation.bench.timing import make_step, measure, synchronize  # noqa: E402
 from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
-from sparse_accumulation.e3nn_layout import gather, scatter  # noqa: E402
+from sparse_accumulation.e3nn.layout import gather, scatter  # noqa: E402
 
 CHECK_EDGES = 1000
 

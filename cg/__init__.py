@@ -11,9 +11,18 @@ Public API:
 
 Command line: ``python -m cg tables ...`` and ``python -m cg show ...``.
 """
-from .bases import BASES
+from .bases import BASES as _BASES
 from .coefficients import clebsch_gordan
 from .rules import transformation_rule
 from .tables import CoefficientTable, load_precomputed
+
+#: The basis names that every ``basis=`` argument takes, a tuple in a stable order.
+#:
+#: * ``"real"``, the default: the real spherical harmonics of Wikipedia, components ``m + l``;
+#: * ``"complex"``: the complex (Condon-Shortley) spherical harmonics;
+#: * ``"e3nn"``: e3nn's real basis, whose coefficients are ``sqrt(2L+1) * e3nn.o3.wigner_3j(l1, l2, L)``.
+#:
+#: The same tuple as ``cg.bases.BASES``; :doc:`conventions` describes the three bases.
+BASES = _BASES
 
 __all__ = ["BASES", "clebsch_gordan", "transformation_rule", "CoefficientTable", "load_precomputed"]

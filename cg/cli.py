@@ -36,8 +36,8 @@ def _progress(stream, label: str, quiet: bool):
     return progress, bar.close
 
 
-def _build_parser() -> _Parser:
-    parser = _Parser(prog=PROG, description="Clebsch-Gordan coefficients and transformation rules.")
+def _build_parser(prog: str = PROG) -> _Parser:
+    parser = _Parser(prog=prog, description="Clebsch-Gordan coefficients and transformation rules.")
     sub = parser.add_subparsers(dest="command", metavar="{tables,show}", parser_class=_Parser)
 
     tables = sub.add_parser("tables", help="compute all rules up to lmax and save them as .npz")
@@ -93,18 +93,20 @@ def _cmd_show(args, out) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     """Run the command line interface.
 
     Args:
         argv: arguments without the program name (default: ``sys.argv[1:]``).
+        prog: the program name that usage lines and error messages show; ``sparse-accumulation tables``
+            passes ``"sparse-accumulation"``.
 
     Returns:
-        Exit status: 0 on success, 2 on a usage or argument error (a one-line
-        ``python -m cg: error: ...`` message on stderr, no traceback).
+        The exit status, 0 on success or 2 on a usage or argument error (then one line on stderr,
+        ``python -m cg: error: ...``, with no traceback).
     """
     out, err = sys.stdout, sys.stderr
-    parser = _build_parser()
+    parser = _build_parser(prog)
     try:
         args = parser.parse_args(argv)
         if args.command is None:
@@ -116,5 +118,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exc.code if isinstance(exc.code, int) else 0
     except (_UsageError, ValueError, KeyError, OSError) as exc:
         msg = str(exc).replace("\n", " ")
-        print(f"{PROG}: error: {msg}", file=err)
+        print(f"{prog}: error: {msg}", file=err)
         return 2

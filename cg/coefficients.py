@@ -43,7 +43,7 @@ def clebsch_gordan(l1, l2, L, basis: str = "real", exact: bool = False) -> np.nd
         exact: if True return exact sympy numbers instead of floats.
 
     Returns:
-        A new array of shape ``(2*l1+1, 2*l2+1, 2*L+1)`` indexed ``[m1+l1, m2+l2, M+L]``:
+        A new array of shape ``(2*l1+1, 2*l2+1, 2*L+1)`` indexed ``[m1+l1, m2+l2, M+L]``,
         float64 if ``exact`` is False, otherwise an object array whose entries are
         sympy numbers of the form ``sign * sqrt(rational)`` (zeros are ``sympy.Integer(0)``).
         The coupled output is ``out[M] = sum C[m1, m2, M] x1[m1] x2[m2]``.

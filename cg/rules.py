@@ -46,7 +46,7 @@ def transformation_rule(l1, l2, L, basis: str = "real"):
         basis: ``"real"`` (default), ``"complex"`` or ``"e3nn"``.
 
     Returns:
-        ``(m1, m2, mu, C)``: int64 index arrays offset by ``+l`` (``0 .. 2l``) and a
+        ``(m1, m2, mu, C)``, int64 index arrays offset by ``+l`` (``0 .. 2l``) and a
         float64 coefficient array, all of equal length; sorted by ``mu``, then ``m1``,
         then ``m2``; no duplicate index triples and no ``|C| < 1e-15``.  New arrays.
 

@@ -26,6 +26,7 @@ molecule, under random rotations.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import time
 
@@ -312,18 +313,50 @@ def batches(positions, species, energies, forces, size: int, device, dtype):
                energies[part].to(device, dtype), forces[part].reshape(-1, 3).to(device, dtype))
 
 
+#: what ``--backend cueq`` imports, and how to install it
+CUEQ_MODULES = ("cuequivariance", "cuequivariance_torch")
+CUEQ_INSTALL = ("pip install cuequivariance-torch (and, for its CUDA kernels, cuequivariance-ops-torch-cu12 "
+                "or -cu13)")
+
+
+def _positive(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in its message for a value that is not a number
+    return parse
+
+
 def main(argv=None) -> dict:
+    full, tiny = SIZES["full"], SIZES["tiny"]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="small sizes and few steps (under a minute)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compile", choices=("none", "default", "reduce-overhead"), default="none")
-    parser.add_argument("--backend", choices=("ours", "e3nn", "cueq"), default="ours")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--compile", choices=("none", "default", "reduce-overhead"), default="none",
+                        help="torch.compile the training step: default mode, or reduce-overhead (CUDA graphs; "
+                             "--device cuda); default: none (eager)")
+    parser.add_argument("--backend", choices=("ours", "e3nn", "cueq"), default="ours",
+                        help="the message-passing product (default: ours); cueq needs cuEquivariance: "
+                             + CUEQ_INSTALL)
+    parser.add_argument("--layers", type=_positive(1), default=None,
+                        help=f"interaction layers (default: {full['layers']}, tiny: {tiny['layers']})")
+    parser.add_argument("--atoms", type=_positive(2), default=None,
+                        help=f"atoms per molecule (default: {full['atoms']}, tiny: {tiny['atoms']})")
+    parser.add_argument("--steps", type=_positive(1), default=None,
+                        help=f"training steps (default: {full['steps']}, tiny: {tiny['steps']})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data and the model (default: 0)")
     args = parser.parse_args(argv)
+    if args.backend == "cueq":
+        missing = [name for name in CUEQ_MODULES if importlib.util.find_spec(name) is None]
+        if missing:
+            parser.error(f"--backend cueq needs cuEquivariance, which is not installed (no module "
+                         f"{' or '.join(missing)}): {CUEQ_INSTALL}")
     config = dict(SIZES["tiny" if args.tiny else "full"])
-    if args.steps is not None:
-        config["steps"] = args.steps
+    for name in ("layers", "atoms", "steps"):
+        if getattr(args, name) is not None:
+            config[name] = getattr(args, name)
     device, dtype = torch.device(args.device), torch.float32
     generator = torch.Generator().manual_seed(args.seed)
     torch.manual_seed(args.seed)

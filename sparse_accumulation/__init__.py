@@ -5,21 +5,22 @@
 kernels on CUDA, registered as torch custom ops (``torch.ops.sparse_accumulation``) with gradients for X1,
 X2 and C to any order. ``accumulate_rule(X1, X2, rule, C, W=None)`` does the same with a prepared
 :class:`Rule` (no index read per call; optional per-row weights ``W``). ``reference`` holds slow, independent
-implementations for validation. ``envsum``, ``sensesum`` and ``featsum`` are HIP-NN's interaction sums
-(:mod:`.hippynn`, also a hippynn kernel backend).
+implementations for validation. ``accumulate_graph`` is the message-passing form (gathered rows, summed rows,
+fused), ``envsum``, ``sensesum`` and ``featsum`` the pair sums of HIP-NN (:mod:`.hippynn` makes them a hippynn
+kernel backend). How the package is laid out: docs, "Inside the package".
 """
 from . import ops  # registers torch.ops.sparse_accumulation
-from .api import accumulate, accumulate_active_dim_first, accumulate_active_dim_middle, accumulate_rule
+from .ops.accumulate.api import accumulate, accumulate_active_dim_first, accumulate_active_dim_middle, accumulate_rule
+from .ops.graph.api import accumulate_graph
+from .ops.pair_sums.api import envsum, featsum, sensesum
 from .backends import get_default_implementation, is_available, set_default_implementation
 from .kernels import reference
 from .modules import CGCalculatorSingle, get_cg_transformation_rule
-from .rules import Rule
-from .channel_rules import ChannelRule
-from .graph import Index
+from .descriptors import ChannelRule, ColumnMap, Program, Rule
+from .indices import Elements, Index
 from . import products
 from .products import ClebschGordanIteration, ClebschGordanProduct
 from . import hippynn
-from .hippynn import envsum, featsum, sensesum
 
 __version__ = "0.1.0"
 
@@ -28,9 +29,13 @@ __all__ = [
     "accumulate_active_dim_first",
     "accumulate_active_dim_middle",
     "accumulate_rule",
+    "accumulate_graph",
     "Rule",
     "ChannelRule",
+    "ColumnMap",
+    "Program",
     "Index",
+    "Elements",
     "set_default_implementation",
     "get_default_implementation",
     "is_available",

@@ -1,5 +1,8 @@
 """Choosing an implementation: names, availability, the process-wide default and the kernel modules.
 
+:func:`kernel_module` is the one lookup from an operation and an implementation to the module of kernels that
+runs it (:mod:`sparse_accumulation.kernels`).
+
 Kernel implementations (run inside the registered ops): ``"numba"`` (CPU), ``"triton"`` (CUDA; CPU tensors
 only under ``TRITON_INTERPRET=1``), ``"torch"`` (any device). Reference implementations (plain torch,
 autograd by torch, for validation): ``"loops"``, ``"index_add"``, ``"dense"``, ``"sparse"``.
@@ -19,11 +22,8 @@ REFERENCES = ("loops", "index_add", "dense", "sparse")
 IMPLEMENTATIONS = ("auto",) + KERNELS + REFERENCES
 ENVIRONMENT_VARIABLE = "SPARSE_ACCUMULATION_IMPLEMENTATION"
 
-_KERNEL_MODULES = {
-    "numba": "sparse_accumulation.kernels.numba_cpu",
-    "triton": "sparse_accumulation.kernels.triton_gpu",
-    "torch": "sparse_accumulation.kernels.torch_chunked",
-}
+#: the operations, each with a kernel module per kernel implementation (``kernels/<backend>/<operation>.py``)
+OPERATIONS = ("accumulate", "graph", "polynomial", "pair_sums")
 
 
 def _check_name(implementation, argument: str = "implementation") -> str:
@@ -139,9 +139,21 @@ def resolved(implementation, device) -> str:
 _modules: dict = {}
 
 
-def kernels(implementation: str):
-    """The kernel module of a kernel implementation (see :mod:`sparse_accumulation.kernels`)."""
-    module = _modules.get(implementation)
+def kernel_module(operation: str, implementation: str):
+    """The kernel module of ``operation`` (one of :data:`OPERATIONS`) for a resolved kernel implementation
+    (``"numba"``, ``"triton"`` or ``"torch"``); a reference name gives the portable ``"torch"`` kernels of the
+    operations whose references are not kernels (all but ``"accumulate"``). Imported once, then remembered.
+
+    Raises:
+        ValueError: an unknown operation or implementation.
+    """
+    module = _modules.get((operation, implementation))
     if module is None:
-        module = _modules[implementation] = importlib.import_module(_KERNEL_MODULES[implementation])
+        if operation not in OPERATIONS:
+            raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {operation!r}")
+        backend = implementation if implementation in KERNELS else "torch"
+        if implementation not in KERNELS and (operation == "accumulate" or implementation not in REFERENCES):
+            raise ValueError(f"no {operation} kernels for implementation {implementation!r}")
+        module = importlib.import_module(f"sparse_accumulation.kernels.{backend}.{operation}")
+        _modules[(operation, implementation)] = module
     return module

@@ -254,15 +254,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv: arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        Exit status: 0 on success, 1 when an implementation fails its check, 2 on a usage error (a one-line
-        ``sparse-accumulation: error: ...`` message on stderr).
+        The exit status, 0 on success, 1 when an implementation fails its check, 2 on a usage error (a
+        one-line ``sparse-accumulation: error: ...`` message on stderr).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     out, err = sys.stdout, sys.stderr
     if argv and argv[0] == "tables":
         from cg.cli import main as cg_main
 
-        return cg_main(argv)
+        return cg_main(argv, prog=PROG)
     try:
         args = _build_parser().parse_args(argv)
         if args.command is None:

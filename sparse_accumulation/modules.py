@@ -5,8 +5,8 @@ import torch
 
 import cg
 
-from .api import accumulate_rule
-from .rules import Rule
+from .ops.accumulate.api import accumulate_rule
+from .descriptors.rules import Rule
 
 
 def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.float32, device="cpu",
@@ -28,7 +28,7 @@ def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.floa
 class CGCalculatorSingle(torch.nn.Module):
     """One CG path ``l1 x l2 -> l_output``: ``forward(X1 [..., 2 l1 + 1], X2 [..., 2 l2 + 1]) -> [..., 2 l_output + 1]``.
 
-    The indices are held as a :class:`~sparse_accumulation.rules.Rule` (``rule``, read by no call) and, for
+    The indices are held as a :class:`~sparse_accumulation.Rule` (``rule``, read by no call) and, for
     the peer API, as buffers ``m1``, ``m2``, ``mu``; the coefficients ``C`` are a buffer, so ``.to(device)``
     moves them with the module. The leading dimensions of X1 and X2 broadcast.
 

@@ -50,8 +50,8 @@ import torch
 
 import cg
 
-from .api import accumulate_rule
-from .rules import Rule
+from .ops.accumulate.api import accumulate_rule
+from .descriptors.rules import Rule
 
 __all__ = [
     "Path",
@@ -310,7 +310,7 @@ class ClebschGordanProduct(torch.nn.Module):
     real); the ``"complex"`` basis is the one for complex spherical features. Per-row weights stay real with
     complex inputs (``W`` of the matching real dtype: float32 for complex64, float64 for complex128).
 
-    The indices are held as :class:`~sparse_accumulation.rules.Rule` objects (``rule``, ``rule_complex``) that
+    The indices are held as :class:`~sparse_accumulation.Rule` objects (``rule``, ``rule_complex``) that
     no call reads; the coefficient buffers are constant and not in the state dict (under
     ``DistributedDataParallel``, ``broadcast_buffers=False`` saves re-sending them). The only parameters are
     the per-path weights.

@@ -24,6 +24,21 @@ EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementation
                   "mace.rst",
                   pytest.param("hippynn.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("hippynn") is None, reason="the page's last example needs hippynn"))]
+# pages whose later examples need optional packages: without one of them, the page's blocks run up to the first
+# that fails to import it, and the test is skipped there; with them installed, every block runs (an ImportError
+# then fails the test)
+OPTIONAL_PACKAGES = {"mace.rst": ("mace", "e3nn", "opt_einsum_fx")}
+
+
+def _installed(name: str) -> bool:
+    """Whether a top-level package can be imported (MACE's loader leaves a ``mace`` package object without a
+    spec in ``sys.modules``, on which ``find_spec`` raises)."""
+    if sys.modules.get(name) is not None:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:
+        return False
 
 
 def python_blocks(path: Path) -> list:
@@ -52,7 +67,56 @@ def test_python_code_blocks_run_as_written(page, capsys):
     namespace = {"__name__": f"docs_{page.split('.')[0]}"}
     for number, block in enumerate(blocks, start=1):
         code = compile(block, f"{page} (python block {number})", "exec")
-        exec(code, namespace)  # noqa: S102 - the documentation's own examples
+        try:
+            exec(code, namespace)  # noqa: S102 - the documentation's own examples
+        except ImportError as error:
+            missing = [name for name in OPTIONAL_PACKAGES.get(page, ()) if not _installed(name)]
+            if not missing:
+                raise
+            pytest.skip(f"{page} (python block {number}) needs {', '.join(missing)}: {error}")
+
+
+def test_no_example_hides_an_import_error():
+    """A documented example that needs an optional package fails with its ImportError, never skips itself."""
+    for page in sorted(DOCS.glob("*.rst")):
+        for number, block in enumerate(python_blocks(page), start=1):
+            assert not re.search(r"except\b[^:\n]*(ImportError|ModuleNotFoundError)", block), (page.name, number)
+
+
+def _mace_porting_block() -> str:
+    blocks = [b for b in python_blocks(DOCS / "mace.rst") if "from_mace(" in b]
+    assert len(blocks) == 1
+    return blocks[0]
+
+
+def test_mace_porting_example_compares_with_maces_module():
+    """With mace-torch installed as documented (``--no-deps``, as here and in CI), the porting example builds
+    MACE's module and compares with it."""
+    missing = [name for name in OPTIONAL_PACKAGES["mace.rst"] if not _installed(name)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+    import torch
+
+    from sparse_accumulation.mace import SymmetricContraction
+
+    namespace = {"torch": torch, "SymmetricContraction": SymmetricContraction}
+    exec(compile(_mace_porting_block(), "mace.rst (porting block)", "exec"), namespace)  # noqa: S102
+    assert type(namespace["mace_sc"]).__module__ == "mace.modules.symmetric_contraction"
+    assert isinstance(namespace["ours"], SymmetricContraction)
+
+
+def test_mace_porting_example_fails_loudly_without_mace(monkeypatch):
+    """Without mace-torch the porting example raises ImportError (it used to skip itself silently)."""
+    import torch
+
+    from sparse_accumulation.mace import SymmetricContraction
+
+    for name in [n for n in sys.modules if n == "mace" or n.startswith("mace.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mace", None)  # as if not installed
+    namespace = {"torch": torch, "SymmetricContraction": SymmetricContraction}
+    with pytest.raises(ImportError, match="mace-torch"):
+        exec(compile(_mace_porting_block(), "mace.rst (porting block)", "exec"), namespace)  # noqa: S102
 
 
 def _sample_rows():
@@ -112,6 +176,48 @@ def test_sphinx_builds_without_warnings(tmp_path):
     for name in ["sparse_accumulation.accumulate", "CGCalculatorSingle", "cg.clebsch_gordan", "run_benchmark",
                  "sparse_accumulation.e3nn.TensorProduct"]:
         assert name in api
+
+    def entry(anchor):  # the text of an object's entry, tags removed
+        start = api.index(f'id="{anchor}"')
+        return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", api[start:start + 4000]))
+
+    bases = entry("cg.BASES")
+    assert "Built-in immutable sequence" not in bases and "The basis names that every basis= argument" in bases
+    assert "Return type: int" in entry("cg.cli.main") and "Exit status" not in entry("cg.cli.main")
+
+
+def test_readme_set_up_is_two_commands_after_the_cpu_torch_note():
+    """The set-up section: a prose note on the CPU build of torch, then exactly the two commands; the main job
+    as it is."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    set_up = text.split("## Set up\n", 1)[1].split("\n## ", 1)[0]
+    commands = [line.strip() for line in set_up.splitlines() if line.startswith("    ")]
+    assert commands == ['pip install -e ".[test]"', "python -m pytest"]
+    prose = " ".join(line for line in set_up.splitlines() if not line.startswith("    "))
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in prose
+    assert prose.index("CPU build") < set_up.index("    pip install -e")
+    main_job = text.split("## Main job\n", 1)[1].split("\n## ", 1)[0]
+    assert [line.strip() for line in main_job.splitlines() if line.startswith("    ")][0] == \
+        "sparse-accumulation bench --quick"
+
+
+def test_sub_commands_listed_in_the_docs_are_the_commands_of_the_cli():
+    from sparse_accumulation.cli import _build_parser
+
+    choices = next(a.choices for a in _build_parser()._actions if getattr(a, "choices", None))
+    text = (DOCS / "benchmarks.rst").read_text(encoding="utf-8")
+    numbers = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"has {numbers[len(choices)]} sub-commands" in text
+    listed = re.findall(r"^``(\w+)``$", text.split("sub-commands:", 1)[1].split("Exit status", 1)[0], re.M)
+    assert sorted(listed) == sorted(choices)
+
+
+def test_cg_bases_has_its_own_description():
+    """``.. autodata:: cg.BASES`` shows the comment above ``BASES`` in ``cg/__init__.py``, not tuple's docstring."""
+    analyzer = pytest.importorskip("sphinx.pycode").ModuleAnalyzer.for_module("cg")
+    doc = " ".join(analyzer.find_attr_docs()[("", "BASES")])
+    assert "basis names" in doc and all(f'``"{name}"``' in doc for name in cg.BASES)
+    assert cg.BASES is cg.bases.BASES
 
 
 def test_readme_example_runs_as_written():

@@ -1,5 +1,8 @@
 """The runnable examples under examples/, at their tiny sizes."""
 import importlib.util
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +32,24 @@ def test_invariant_energy_learns_and_is_rotation_invariant(capsys, generator):
     assert train_after < train_before / 2
     assert result["test"][1] < result["test"][0]
     assert result["invariance"] < 1e-4 and result["equivariance"] < 1e-4
+
+
+@pytest.mark.slow
+def test_invariant_energy_full_run_gives_the_tutorials_figures(capsys):
+    """docs/tutorial.rst quotes the full run's errors (seconds with numba's kernels cached): they still hold."""
+    text = (EXAMPLES.parent / "docs" / "tutorial.rst").read_text(encoding="utf-8")
+    found = re.search(r"standardised energies from ([\d.]+) to ([\d.]+) on the\s+training clouds and from "
+                      r"([\d.]+) to ([\d.]+) on the held-out ones, and the energy of a rotated cloud differs by at"
+                      r"\s+most ([\d.e-]+) \(relative\)", text)
+    assert found, "the tutorial's figures of the full run"
+    train_before, train_after, test_before, test_after, invariance = map(float, found.groups())
+    result = _load("invariant_energy").main([])
+    capsys.readouterr()
+    stated = (train_before, train_after, test_before, test_after)
+    measured = (*result["train"], *result["test"])
+    for got, want in zip(measured, stated):  # two significant digits, and a little room for other machines
+        assert got == pytest.approx(want, rel=0.15), (measured, stated)
+    assert result["invariance"] < 10 * invariance
 
 
 def test_invariant_energy_harmonics_are_the_library_basis():
@@ -79,3 +100,55 @@ def test_interaction_model_targets_are_consistent(generator):
 
     rotation = o3.rand_matrix(dtype=torch.float64)
     torch.testing.assert_close(example.target_energy(positions @ rotation.T, species), energies)
+
+
+def _run_example(name, *args):
+    return subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=300, cwd=EXAMPLES.parent)
+
+
+@pytest.mark.parametrize("name", ["interaction_model", "invariant_energy"])
+def test_example_help_mentions_only_options_it_accepts(name):
+    """Every ``--option`` that ``--help`` mentions (in the description too) is one of the options it lists."""
+    result = _run_example(name, "--help")
+    assert result.returncode == 0, result.stderr
+    description, listed = result.stdout.split("\noptions:\n", 1)
+    accepted = set(re.findall(r"^\s+(?:-\w, )?(--[\w-]+)", listed, re.M))
+    mentioned = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", result.stdout))
+    assert mentioned <= accepted, sorted(mentioned - accepted)
+    if name == "interaction_model":
+        assert {"--layers", "--atoms", "--steps", "--backend"} <= accepted
+
+
+def test_interaction_model_layers_and_atoms_set_the_model(monkeypatch):
+    """``--layers`` and ``--atoms`` reach the model and the data (no training run: the model is built only)."""
+    example = _load("interaction_model")
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def potential(config, backend):
+        seen.update(config, backend=backend)
+        raise Stop
+
+    monkeypatch.setattr(example, "Potential", potential)
+    with pytest.raises(Stop):
+        example.main(["--tiny", "--layers", "1", "--atoms", "4", "--steps", "3"])
+    assert (seen["layers"], seen["atoms"], seen["steps"], seen["backend"]) == (1, 4, 3, "ours")
+    for bad in (["--layers", "0"], ["--atoms", "1"], ["--atoms", "many"]):
+        with pytest.raises(SystemExit) as exit_info:
+            example.main(["--tiny", *bad])
+        assert exit_info.value.code == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuequivariance") is not None
+                    and importlib.util.find_spec("cuequivariance_torch") is not None,
+                    reason="needs a machine without cuEquivariance")
+def test_interaction_model_cueq_backend_without_cuequivariance_says_how_to_install():
+    result = _run_example("interaction_model", "--tiny", "--backend", "cueq")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("interaction_model.py: error: --backend cueq needs cuEquivariance"), last
+    assert "pip install cuequivariance-torch" in last

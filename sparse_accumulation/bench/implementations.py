@@ -10,10 +10,10 @@ from typing import Callable, Optional
 import torch
 
 from .. import backends
-from ..api import accumulate_rule
+from ..ops.accumulate.api import accumulate_rule
 from ..kernels import reference
 from ..modules import get_cg_transformation_rule
-from ..rules import Rule
+from ..descriptors.rules import Rule
 from .cases import FLOOR, Case
 
 __all__ = ["rule", "forward_function", "unavailable_reason", "is_out_of_memory", "LOOPS_MAX_WORK"]
@@ -74,7 +74,7 @@ def rule(case: Case, basis: str = "real") -> tuple:
 def forward_function(name: str, case: Case, case_rule) -> Callable:
     """``f(X1 [A, B, M1], X2 [A, B, M2], C) -> [A, B, O]`` for an implementation name.
 
-    The kernels are called with a :class:`~sparse_accumulation.rules.Rule`, as the modules call them (no index
+    The kernels are called with a :class:`~sparse_accumulation.Rule`, as the modules call them (no index
     read per call, compile-visible Triton kernels). :data:`~sparse_accumulation.bench.cases.FLOOR` is
     ``sin(X1 * X2)`` on inputs of the output's shape.
     """

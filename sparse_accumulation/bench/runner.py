@@ -58,7 +58,7 @@ def run_benchmark(cases: Sequence[Case], implementations: Optional[Sequence[str]
             the stream is not a terminal.
 
     Returns:
-        One dict per (case, implementation, mode). ``status``: ``"ok"``; ``"FAILED"`` when the eager or a
+        One dict per (case, implementation, mode), whose ``status`` is ``"ok"``; ``"FAILED"`` when the eager or a
         compiled result is wrong, or the eager call raises (never timed then); ``"skipped"`` when the
         implementation cannot run here (``note`` says why). ``timings`` maps each timing to
         ``{"status", "note", "median", "samples", "unit"}``: a timing that raises (a compile error) is

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import backends
-from ..api import accumulate
+from ..ops.accumulate.api import accumulate
 from ..kernels import reference
 from ..modules import get_cg_transformation_rule
 from .cases import available_devices

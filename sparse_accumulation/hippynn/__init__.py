@@ -1,4 +1,5 @@
-"""HIP-NN's interaction sums (hippynn's ``envsum``, ``sensesum``, ``featsum``) and a hippynn kernel backend.
+"""HIP-NN's interaction sums (hippynn's ``envsum``, ``sensesum``, ``featsum``: the pair sums of
+:mod:`sparse_accumulation.ops.pair_sums`, under the names hippynn's users know) and a hippynn kernel backend.
 
 With ``P`` pairs ``(pair_first[p], pair_second[p])`` of ``n_atoms`` atoms::
 
@@ -12,6 +13,6 @@ n_feat]`` tensor is ever made. :func:`register` makes them a hippynn custom-kern
 is only imported there.
 """
 from .backend import DEFAULT_NAME, register
-from .sums import IMPLEMENTATIONS, envsum, featsum, sensesum
+from ..ops.pair_sums.api import IMPLEMENTATIONS, envsum, featsum, sensesum
 
 __all__ = ["envsum", "sensesum", "featsum", "register", "DEFAULT_NAME", "IMPLEMENTATIONS"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from . import sums
+from ..ops.pair_sums import api as sums
 
 #: the name hippynn knows these kernels by, unless told otherwise
 DEFAULT_NAME = "sparse_accumulation"
@@ -21,8 +21,8 @@ def _registry():
 
 
 def register(name: str = DEFAULT_NAME):
-    """Register :func:`~sparse_accumulation.hippynn.envsum`, :func:`~sparse_accumulation.hippynn.sensesum` and
-    :func:`~sparse_accumulation.hippynn.featsum` as hippynn's custom kernels named ``name``.
+    """Register :func:`~sparse_accumulation.envsum`, :func:`~sparse_accumulation.sensesum` and
+    :func:`~sparse_accumulation.featsum` as hippynn's custom kernels named ``name``.
 
     Afterwards ``hippynn.custom_kernels.set_custom_kernels(name)`` makes hippynn's interaction layers run on
     them (hippynn warns that the name is not one of its own). They carry their own autograd (registered with

@@ -9,7 +9,7 @@
 as MACE does, but never contracts ``U``: its symmetric part is a few hundred terms ``(M, monomial)``
 (:mod:`.couplings`), so each call folds the weights into one table ``P[element, term, channel] = B @ W`` (a
 small matmul over elements, not nodes) and runs one kernel per node tile that multiplies monomials of ``x`` by
-the node's element row of ``P`` (:mod:`sparse_accumulation.polynomials`). Gradients, to any order, run on the
+the node's element row of ``P`` (:mod:`sparse_accumulation.descriptors.programs`). Gradients, to any order, run on the
 same kernels. Node attributes that are not one-hot take the same kernels with per-node weights ``y @ P``
 (:meth:`SymmetricContraction.forward`).
 """
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from .. import backends
-from ..channel_rules import ColumnMap
-from ..e3nn import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
-from ..elements import prepare
-from ..polynomial_ops import evaluate
-from ..polynomials import LANE, Program, Slot, element_slot, lane_slot
+from ..descriptors.channel_rules import ColumnMap
+from ..descriptors.programs import LANE, Program, Slot, element_slot, lane_slot
+from ..e3nn.tensor_product import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
+from ..ops.polynomial.api import evaluate
+from .attributes import prepare
 from .couplings import couplings_from_dense, mace_couplings, mace_has_paths
 from .irreps import irreps_text, parse_irreps
 
@@ -254,7 +254,7 @@ class SymmetricContraction(torch.nn.Module):
         """The contraction of node features ``x`` for node attributes ``y``.
 
         The output is linear in each row of ``y``, as MACE's: ``sum_e y[n, e] * out(x[n], weights of e)``.
-        How ``y`` is read (:func:`sparse_accumulation.elements.prepare`):
+        How ``y`` is read (:func:`sparse_accumulation.mace.attributes.prepare`):
 
         * integer indices and one-hot rows: the kernels gather each node's element row of the weight table;
         * rows with at most one nonzero (scaled rows, zero rows of padding nodes): the same, and the output
@@ -272,13 +272,13 @@ class SymmetricContraction(torch.nn.Module):
             x: ``[nodes, channels, sum(2l+1)]`` float32 or float64 tensor (MACE's layout), on the weights' device.
             y: node attributes ``[nodes, num_elements]`` of any floating dtype (MACE's ``node_attrs``, e.g.
                 one-hot rows), integer element indices ``[nodes]``, or what
-                :func:`~sparse_accumulation.elements.prepare` made of either.
+                :func:`~sparse_accumulation.mace.attributes.prepare` made of either.
             weights: only for ``internal_weights=False``: per output irrep, the list
                 ``[weights_max, *weights]`` of ``[num_elements, paths, channels]`` tensors, used as passed.
 
         Returns:
-            ``[nodes, channels * sum(2L+1)]``: per output irrep ``L``, ``[channels, 2L+1]`` (MACE's output), of
-            ``x``'s dtype.
+            A ``[nodes, channels * sum(2L+1)]`` tensor of ``x``'s dtype, per output irrep ``L`` its
+            ``[channels, 2L+1]`` block (MACE's output).
 
         Raises:
             TypeError: ``x`` not a floating tensor of the weights' dtype, ``y`` of a dtype that fits neither form.
@@ -315,7 +315,7 @@ class SymmetricContraction(torch.nn.Module):
 
 
 def _programs(channels: int, dim_in: int, irreps_out, blocks) -> tuple:
-    """The forward :class:`~sparse_accumulation.polynomials.Program` with the weight table as an element operand
+    """The forward :class:`~sparse_accumulation.descriptors.programs.Program` with the weight table as an element operand
     (a row per element), the same program with it as a lane operand (a row per node), and
     ``B [terms, paths]`` (block diagonal over the output irreps and orders, paths in MACE's parameter order)."""
     bases, steps, offset = [], [], 0

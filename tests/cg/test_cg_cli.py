@@ -94,6 +94,44 @@ def test_help_exits_0(capsys):
     assert "tables" in capsys.readouterr().out
 
 
+def _usage_line(text: str) -> str:
+    return " ".join(text.split("\n\n", 1)[0].split())  # argparse wraps a long usage line
+
+
+@pytest.mark.parametrize("prog", [None, "sparse-accumulation"])
+def test_usage_and_errors_name_the_calling_program(prog, capsys):
+    """``python -m cg`` by default; ``sparse-accumulation tables`` passes its own name through."""
+    kwargs = {} if prog is None else {"prog": prog}
+    name = prog or "python -m cg"
+    assert main(["tables", "--help"], **kwargs) == 0
+    assert _usage_line(capsys.readouterr().out).startswith(f"usage: {name} tables [-h] --lmax LMAX")
+    assert main(["--help"], **kwargs) == 0
+    assert _usage_line(capsys.readouterr().out).startswith(f"usage: {name} [-h]")
+    assert main(["tables", "--lmax", "2"], **kwargs) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{name}: error: ") and "required" in err[0]
+
+
+def test_module_tables_help_in_a_subprocess():
+    root = str(Path(cg.__file__).resolve().parents[1])
+    res = subprocess.run([sys.executable, "-m", "cg", "tables", "--help"], capture_output=True, text=True,
+                         timeout=60, cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert _usage_line(res.stdout).startswith("usage: python -m cg tables [-h] --lmax LMAX")
+
+
+def test_main_documents_its_exit_status_as_the_return_value():
+    """Napoleon reads ``Returns: Word: text`` as a return type named ``Word``; the docstring of ``main`` says
+    what it returns without that, so the API reference shows ``Return type: int`` (the annotation)."""
+    napoleon = pytest.importorskip("sphinx.ext.napoleon")
+    import inspect
+
+    import cg.cli
+
+    rendered = str(napoleon.GoogleDocstring(inspect.getdoc(cg.cli.main), napoleon.Config(napoleon_use_rtype=True)))
+    assert ":rtype:" not in rendered and ":returns: The exit status, 0 on success" in rendered
+
+
 def test_module_entry_point_and_no_torch(tmp_path):
     code = (
         "import sys, runpy\n"

@@ -2,8 +2,8 @@
 import numpy as np
 import torch
 
-from sparse_accumulation.elements import Elements
-from sparse_accumulation.polynomials import ELEMENT, LANE, Program, element_slot, lane_slot
+from sparse_accumulation.indices import Elements
+from sparse_accumulation.descriptors.programs import ELEMENT, LANE, Program, element_slot, lane_slot
 
 
 def random_program(generator, channels=3, size_x=4, size_p=6, size_out=3, terms=12, max_degree=3):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation import layout
+from sparse_accumulation.kernels import layout
 from accumulation_helpers import assert_close_to, random_rule
 
 IMPLEMENTATIONS = ["numba", "torch", "index_add", "loops"]

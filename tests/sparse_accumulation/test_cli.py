@@ -13,7 +13,7 @@ from sparse_accumulation import backends, bench
 from sparse_accumulation.bench import runner
 from sparse_accumulation.bench.report import PLOT_HINT
 from sparse_accumulation.cli import main
-from sparse_accumulation.kernels import numba_cpu
+from sparse_accumulation.kernels.numba import accumulate as numba_accumulate
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--rows", "3", "5", "--repeats", "1", "--warmup", "0", "--quiet", "--device", "cpu"]
@@ -57,14 +57,14 @@ def _png_size(path):
 @pytest.fixture
 def wrong_numba(monkeypatch):
     """Make the numba forward kernel return slightly wrong values."""
-    original = numba_cpu.accumulate
+    original = numba_accumulate.accumulate
 
     def wrong(*args, **kwargs):
         out = original(*args, **kwargs)
         out.view(-1)[0] += 1.0
         return out
 
-    monkeypatch.setattr(numba_cpu, "accumulate", wrong)
+    monkeypatch.setattr(numba_accumulate, "accumulate", wrong)
 
 
 @pytest.mark.slow
@@ -214,7 +214,7 @@ def test_check_fails_on_a_raising_kernel(monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("bad build")
 
-    monkeypatch.setattr(numba_cpu, "accumulate_backward", broken)
+    monkeypatch.setattr(numba_accumulate, "accumulate_backward", broken)
     (result,) = bench.run_check(["numba"], ["cpu"])
     assert result.status == "FAILED" and "ValueError: bad build" in result.detail
 
@@ -222,7 +222,7 @@ def test_check_fails_on_a_raising_kernel(monkeypatch):
 def test_check_fails_on_a_broken_numba_install(monkeypatch, capsys):
     real = backends.is_available
     monkeypatch.setattr(backends, "is_available", lambda name, device: name != "numba" and real(name, device))
-    monkeypatch.setitem(sys.modules, "sparse_accumulation.kernels.numba_cpu", None)
+    monkeypatch.setitem(sys.modules, "sparse_accumulation.kernels.numba.accumulate", None)
     assert main(["check", "--device", "cpu", "--implementations", "numba", "-q"]) == 1
     out = capsys.readouterr().out
     assert "numba" in out and "FAILED" in out and "cannot import the numba kernels" in out
@@ -277,3 +277,23 @@ def test_module_help_in_a_subprocess():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "bench" in result.stdout and "check" in result.stdout and "tables" in result.stdout
+
+
+def test_tables_usage_and_errors_name_sparse_accumulation(capsys):
+    """``sparse-accumulation tables`` runs ``cg``'s command line under its own name."""
+    assert main(["tables", "--help"]) == 0
+    usage = " ".join(capsys.readouterr().out.split("\n\n", 1)[0].split())
+    assert usage.startswith("usage: sparse-accumulation tables [-h] --lmax LMAX"), usage
+    assert main(["tables", "--lmax", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sparse-accumulation: error: ") and "required" in err[0]
+
+
+@pytest.mark.parametrize("command,usage", [
+    (["-m", "sparse_accumulation", "tables", "--help"], "usage: sparse-accumulation tables "),
+    (["-m", "cg", "tables", "--help"], "usage: python -m cg tables "),
+])
+def test_tables_help_of_both_entry_points_in_a_subprocess(command, usage):
+    result = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(usage), result.stdout.splitlines()[:1]

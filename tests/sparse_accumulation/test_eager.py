@@ -1,9 +1,9 @@
-"""The eager fast path (sparse_accumulation.eager) against the registered ops, and when each path is taken."""
+"""The eager fast path (sparse_accumulation.ops.accumulate.eager) against the registered ops, and when each path is taken."""
 import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation import ops
+from sparse_accumulation.ops.accumulate import registered as ops
 from accumulation_helpers import CountOps, random_rule
 
 KERNELS = ["numba", "torch"]

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.elements import Elements
-from sparse_accumulation.polynomial_ops import evaluate
+from sparse_accumulation.indices import Elements
+from sparse_accumulation.ops.polynomial.api import evaluate
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
 

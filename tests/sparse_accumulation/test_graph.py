@@ -1,11 +1,11 @@
-"""Message passing (``accumulate_rule`` with row indices, :mod:`sparse_accumulation.graph`) on the CPU kernels
+"""Message passing (``accumulate_rule`` with row indices, :mod:`sparse_accumulation.ops.graph`) on the CPU kernels
 (numba, torch) against an independent float64 reference: gathered rows, summed rows, gradients to second
 order, edge cases and bad input."""
 import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.graph import Index, accumulate_graph
+from sparse_accumulation import Index, accumulate_graph
 from graph_helpers import random_graph, reference, weighted_rule
 
 IMPLEMENTATIONS = ("numba", "torch")
@@ -194,7 +194,7 @@ def test_index_on_another_device_is_refused(generator):
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_registered_ops_pass_opcheck(generator, implementation):
-    from sparse_accumulation import graph_ops
+    from sparse_accumulation.ops.graph import registered as graph_ops
 
     X1, X2, W, C, rule, (src, _, _, dst), _ = _case(generator, torch.float64, 2, "1o", False, nodes=4, edges=9)
     crule = sa.ChannelRule.regular(rule, 2, (2, 1, 2, 2))

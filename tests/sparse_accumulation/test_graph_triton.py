@@ -1,4 +1,4 @@
-"""Triton graph kernels (``sparse_accumulation.kernels.triton_graph``) against the plain torch graph kernels
+"""Triton graph kernels (``sparse_accumulation.kernels.triton.graph``) against the plain torch graph kernels
 and an independent float64 reference; interpreted on the CPU without a GPU (``interpreted.py``), the larger
 tests marked ``cuda`` only on a GPU (``pytest -m cuda``)."""
 import interpreted
@@ -11,10 +11,10 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 
 import sparse_accumulation as sa  # noqa: E402
-from sparse_accumulation.channel_rules import ONE, ChannelRule, ColumnMap, contiguous_map  # noqa: E402
-from sparse_accumulation.graph_ops import segments  # noqa: E402
-from sparse_accumulation.kernels import graph as torch_graph  # noqa: E402
-from sparse_accumulation.kernels import triton_graph  # noqa: E402
+from sparse_accumulation.descriptors.channel_rules import ONE, ChannelRule, ColumnMap, contiguous_map  # noqa: E402
+from sparse_accumulation.indices import segments  # noqa: E402
+from sparse_accumulation.kernels.torch import graph as torch_graph  # noqa: E402
+from sparse_accumulation.kernels.triton import graph as triton_graph  # noqa: E402
 from graph_helpers import random_graph, reference, weighted_rule  # noqa: E402
 
 interpreted.restore()

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import pair_segments
+from sparse_accumulation import indices
 from pair_sums_helpers import arguments, random_inputs
 
 SUMS = ["envsum", "sensesum", "featsum"]
@@ -118,21 +118,21 @@ def test_unknown_implementation(inputs):
 def test_segments_cache(inputs):
     """The cache finds a tensor again while it is unchanged; inference tensors are never cached."""
     s, z, env, first, second = inputs
-    entry = pair_segments.lookup(first, 6)
-    assert pair_segments.lookup(first, 6) is entry
-    assert pair_segments.lookup(first, 7) is not entry
+    entry = indices.pair_index(first, 6)
+    assert indices.pair_index(first, 6) is entry
+    assert indices.pair_index(first, 7) is not entry
     first.add_(0)  # a new version
-    assert pair_segments.lookup(first, 6) is not entry
+    assert indices.pair_index(first, 6) is not entry
     with torch.inference_mode():
         frozen = first.clone()
-    assert pair_segments.lookup(frozen, 6) is not pair_segments.lookup(frozen, 6)
+    assert indices.pair_index(frozen, 6) is not indices.pair_index(frozen, 6)
     assert sa.envsum(s, z, frozen, second).shape == env.shape
 
 
 def test_segments_are_a_stable_sort(generator):
     key = torch.randint(0, 9, (200,), generator=generator)
-    order, offsets = pair_segments.lookup(key, 10).segments("key")
+    order, offsets = indices.pair_index(key, 10).segments("key")
     expected_order = torch.sort(key, stable=True).indices
     assert torch.equal(order, expected_order)
     assert torch.equal(offsets, torch.searchsorted(key[expected_order], torch.arange(11)))
-    assert torch.equal(pair_segments.device_segments(key, 10)[0], expected_order)
+    assert torch.equal(indices.segments(key, 10)[1], expected_order)

@@ -66,14 +66,14 @@ def test_registered_ops_remember_no_index_tensors(generator, name):
     """The registered ops (what compiled graphs call) prepare the pair indices afresh on every call and keep
     nothing (a tensor kept from a CUDA graph's warm-up run would outlive the graph's outputs in its memory
     pool), with the same values as the oracle; the public eager path still remembers them."""
-    from sparse_accumulation.hippynn import ops
-    from sparse_accumulation.kernels import pair_segments
+    from sparse_accumulation.ops.pair_sums import registered as ops
+    from sparse_accumulation import indices
 
     s, z, env, first, second = random_inputs(generator)
     args = arguments(name, s, z, env, first, second)
-    pair_segments.clear_cache()
+    indices.clear()
     got = getattr(ops, name)(*args, "numba")
-    assert not len(pair_segments._entries) and not len(pair_segments._pairs)
+    assert not len(indices._pair_entries) and not len(indices._pairs_in_order)
     assert_close_to_oracle(got, LOOPS[name](*args), torch.float64)
     getattr(sa, name)(*args, implementation="numba")
-    assert len(pair_segments._entries)
+    assert len(indices._pair_entries)

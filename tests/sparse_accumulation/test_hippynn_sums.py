@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import hippynn_numba
+from sparse_accumulation.kernels.numba import pair_sums as numba_pair_sums
 from pair_sums_helpers import DTYPES, LOOPS, arguments, assert_close_to_oracle, random_inputs
 
 IMPLEMENTATIONS = ["numba", "torch", "index_add"]
@@ -122,9 +122,9 @@ def test_threaded_tasks_give_the_serial_results_bitwise(generator, monkeypatch):
     s, z, env, first, second = random_inputs(generator, n_atoms=60, n_pairs=900, n_nu=6, n_feat=8,
                                              dtype=torch.float32, sparse=True)
     serial = [getattr(sa, name)(*arguments(name, s, z, env, first, second)) for name in SUMS]
-    monkeypatch.setattr(hippynn_numba, "SERIAL_WORK", 0)
-    monkeypatch.setattr(hippynn_numba, "TASK_WORK", 256)
-    assert len(hippynn_numba._tasks(torch.arange(61).numpy() * 15, 48, 48)) > 4
+    monkeypatch.setattr(numba_pair_sums, "SERIAL_WORK", 0)
+    monkeypatch.setattr(numba_pair_sums, "TASK_WORK", 256)
+    assert len(numba_pair_sums._tasks(torch.arange(61).numpy() * 15, 48, 48)) > 4
     for name, expected in zip(SUMS, serial):
         assert torch.equal(getattr(sa, name)(*arguments(name, s, z, env, first, second)), expected)
 

@@ -1,4 +1,4 @@
-"""Triton kernels of the interaction sums (``sparse_accumulation.kernels.hippynn_triton``) against the float64
+"""Triton kernels of the interaction sums (``sparse_accumulation.kernels.triton_pair_sums``) against the float64
 loop oracle.
 
 On a CUDA machine (``TRITON_INTERPRET`` unset) the tests run compiled on CUDA tensors, those marked ``cuda``
@@ -22,7 +22,9 @@ here = pytest.mark.skipif(not (INTERPRETED or CUDA), reason="runs in the interpr
 cuda_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
 
 import sparse_accumulation as sa  # noqa: E402
-from sparse_accumulation.kernels import hippynn_reference, pair_segments  # noqa: E402
+from sparse_accumulation import indices  # noqa: E402
+from sparse_accumulation.ops.pair_sums.registered import pairs_of  # noqa: E402
+from sparse_accumulation.kernels.reference import pair_sums as pair_sums_reference  # noqa: E402
 from pair_sums_helpers import DTYPES, LOOPS, arguments, assert_close_to_oracle, random_inputs  # noqa: E402
 
 SUMS = ["envsum", "sensesum", "featsum"]
@@ -42,9 +44,14 @@ def test_in_the_interpreter():
 
 
 def _kernels():
-    from sparse_accumulation.kernels import hippynn_triton
+    from sparse_accumulation.kernels.triton import pair_sums as triton_pair_sums
 
-    return hippynn_triton
+    return triton_pair_sums
+
+
+def _call(kernels, name, a, b, pair_first, pair_second):
+    """Sum ``name`` on ``kernels`` with the public functions' arguments (the pairs prepared for it)."""
+    return getattr(kernels, name)(a, b, pairs_of(name, a, b, pair_first, pair_second))
 
 
 def _on_device(*tensors):
@@ -58,7 +65,7 @@ def test_every_sum_and_dtype(generator, dtype):
                                                          dtype=dtype))
     for name in SUMS:
         args = arguments(name, s, z, env, first, second)
-        got = getattr(_kernels(), name)(*args)
+        got = _call(_kernels(), name, *args)
         assert got.dtype == dtype and got.device.type == DEVICE
         assert_close_to_oracle(got, LOOPS[name](*args), dtype)
 
@@ -71,12 +78,12 @@ def test_featsum_with_atomic_adds(generator, dtype, monkeypatch):
     s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=6, n_pairs=45, n_nu=5, n_feat=7,
                                                          dtype=dtype))
     monkeypatch.setattr(kernels, "FEATSUM", "atomic")
-    got = kernels.featsum(env, s, first, second)
+    got = _call(kernels, "featsum", env, s, first, second)
     assert got.dtype == dtype
     assert_close_to_oracle(got, LOOPS["featsum"](env, s, first, second), dtype)
     monkeypatch.setattr(kernels, "FEATSUM", "fast")
     with pytest.raises(ValueError, match="FEATSUM must be one of"):
-        kernels.featsum(env, s, first, second)
+        _call(kernels, "featsum", env, s, first, second)
 
 
 @here
@@ -90,25 +97,25 @@ def test_blocks_of_pairs_nu_and_feat(generator, shape):
     s, z, env, first, second = _on_device(*inputs)
     for name in SUMS:
         args = arguments(name, s, z, env, first, second)
-        assert_close_to_oracle(getattr(_kernels(), name)(*args), LOOPS[name](*args), torch.float32)
+        assert_close_to_oracle(_call(_kernels(), name, *args), LOOPS[name](*args), torch.float32)
 
 
 @here
 def test_no_pairs(generator):
     s, z, env, first, second = _on_device(*random_inputs(generator, n_pairs=0, dtype=torch.float32))
     kernels = _kernels()
-    assert torch.equal(kernels.envsum(s, z, first, second), torch.zeros_like(env))
-    assert kernels.sensesum(env, z, first, second).shape == (0, env.shape[1])
-    assert torch.equal(kernels.featsum(env, s, first, second), torch.zeros_like(z))
+    assert torch.equal(_call(kernels, "envsum", s, z, first, second), torch.zeros_like(env))
+    assert _call(kernels, "sensesum", env, z, first, second).shape == (0, env.shape[1])
+    assert torch.equal(_call(kernels, "featsum", env, s, first, second), torch.zeros_like(z))
 
 
 @here
 def test_out_of_range_pairs_are_left_out(generator, monkeypatch):
     """With the range check off, a pair with an index outside [0, n_atoms) adds nothing anywhere (CUDA's
     segments and masks; on CUDA the check is an asynchronous assertion)."""
-    monkeypatch.setattr(pair_segments.PairIndex, "check", lambda self, name: None)
-    monkeypatch.setattr(pair_segments.PairIndex, "segments",
-                        lambda self, name: pair_segments.device_segments(self.long(), self.n_atoms))
+    monkeypatch.setattr(indices.PairIndex, "check", lambda self, name: None)
+    monkeypatch.setattr(indices.PairIndex, "segments",
+                        lambda self, name: indices.segments(self.long(), self.n_atoms)[::-1])
     s, z, env, first, second = random_inputs(generator, n_atoms=6, n_pairs=30, n_nu=3, n_feat=5,
                                              dtype=torch.float32)
     first[4], second[9], first[11], second[20] = -1, 6, 1000, -7
@@ -119,7 +126,7 @@ def test_out_of_range_pairs_are_left_out(generator, monkeypatch):
         monkeypatch.setattr(kernels, "FEATSUM", "atomic" if name.endswith("atomic") else "segments")
         name = name.split(",")[0]
         args = arguments(name, data_s, data_z, data_env, bad_first, bad_second)
-        got = getattr(kernels, name)(*args)
+        got = _call(kernels, name, *args)
         if name == "sensesum":
             expected = LOOPS[name](env, z, first[valid], second[valid])
             assert_close_to_oracle(got[valid.to(DEVICE)], expected, torch.float32)
@@ -154,8 +161,8 @@ def test_cuda_hippynn_medium_sizes(generator, dtype, name):
     s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=2100, n_pairs=43000, n_nu=20,
                                                          n_feat=20, dtype=dtype, sparse=True))
     args = arguments(name, s, z, env, first, second)
-    expected = getattr(hippynn_reference, name)(*(t.double() if t.is_floating_point() else t for t in args))
-    assert_close_to_oracle(getattr(_kernels(), name)(*args), expected.cpu(), dtype)
+    expected = getattr(pair_sums_reference, name)(*(t.double() if t.is_floating_point() else t for t in args))
+    assert_close_to_oracle(_call(_kernels(), name, *args), expected.cpu(), dtype)
 
 
 @pytest.mark.cuda
@@ -205,15 +212,15 @@ def test_float32_precisions(generator, precision, monkeypatch):
         monkeypatch.setattr(kernels, "FEATSUM", "atomic" if name.endswith("atomic") else "segments")
         name = name.split(",")[0]
         args = arguments(name, s, z, env, first, second)
-        assert_close_to_oracle(getattr(kernels, name)(*args), LOOPS[name](*args), torch.float32)
+        assert_close_to_oracle(_call(kernels, name, *args), LOOPS[name](*args), torch.float32)
     monkeypatch.setattr(kernels, "FLOAT32_PRECISION", "tf32")
     with pytest.raises(ValueError, match="FLOAT32_PRECISION must be one of"):
-        kernels.envsum(s, z, first, second)
+        _call(kernels, "envsum", s, z, first, second)
 
 
 @here
 def test_block_configurations(generator, monkeypatch):
-    """Other block shapes, warps and stages (hippynn_triton.CONFIG, as the variants benchmark sets them): several
+    """Other block shapes, warps and stages (triton_pair_sums.CONFIG, as the variants benchmark sets them): several
     blocks of pairs, nu and feat per segment."""
     kernels = _kernels()
     monkeypatch.setattr(kernels, "CONFIG", {
@@ -224,7 +231,7 @@ def test_block_configurations(generator, monkeypatch):
                                                          dtype=torch.float32))
     for name in SUMS:
         args = arguments(name, s, z, env, first, second)
-        assert_close_to_oracle(getattr(kernels, name)(*args), LOOPS[name](*args), torch.float32)
+        assert_close_to_oracle(_call(kernels, name, *args), LOOPS[name](*args), torch.float32)
 
 
 @here
@@ -232,15 +239,15 @@ def test_prepared_pairs_are_remembered_per_pair_of_tensors(generator):
     """The other index in segment order is made once per pair of index tensors and made again after an in-place
     change of either."""
     s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=8, n_pairs=30, dtype=torch.float32))
-    prepared = pair_segments.prepare_sorted(first, "pair_first", second, "pair_second", 8)
-    assert pair_segments.prepare_sorted(first, "pair_first", second, "pair_second", 8) is prepared
+    prepared = indices.Pairs(first, second, 8).by_first(other_in_order=True)
+    assert indices.Pairs(first, second, 8).by_first(other_in_order=True) is prepared
     order, offsets, second_sorted = prepared
     assert torch.equal(second_sorted, second[order])
     assert torch.equal(first[order], torch.sort(first, stable=True).values)
     second[0] = (second[0] + 1) % 7
-    again = pair_segments.prepare_sorted(first, "pair_first", second, "pair_second", 8)
+    again = indices.Pairs(first, second, 8).by_first(other_in_order=True)
     assert again is not prepared and torch.equal(again[2], second[again[0]])
-    got = _kernels().sensesum(env, z, first, second)
+    got = _call(_kernels(), "sensesum", env, z, first, second)
     assert_close_to_oracle(got, LOOPS["sensesum"](env, z, first, second), torch.float32)
 
 
@@ -248,7 +255,7 @@ def test_prepared_pairs_are_remembered_per_pair_of_tensors(generator):
 def test_eager_path_and_registered_ops_agree(generator):
     """The public functions' eager path (autograd Functions calling the kernels) and the registered ops give
     the same values and gradients, to second order."""
-    from sparse_accumulation.hippynn import ops
+    from sparse_accumulation.ops.pair_sums import registered as ops
 
     s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=6, n_pairs=25, n_nu=3, n_feat=5))
     s.requires_grad_()
@@ -274,8 +281,8 @@ def test_inference_tensors_are_served_but_not_remembered(generator):
     with torch.inference_mode():
         s, z, env, first, second = _on_device(*random_inputs(generator, n_atoms=7, n_pairs=30, n_nu=3, n_feat=5,
                                                              dtype=torch.float32))
-        pair_segments.clear_cache()
+        indices.clear()
         for name in SUMS:
             args = arguments(name, s, z, env, first, second)
-            assert_close_to_oracle(getattr(_kernels(), name)(*args), LOOPS[name](*args), torch.float32)
-        assert not len(pair_segments._pairs)
+            assert_close_to_oracle(_call(_kernels(), name, *args), LOOPS[name](*args), torch.float32)
+        assert not len(indices._pairs_in_order)

@@ -1,5 +1,5 @@
 """Index tensors edited in place between calls: what is prepared from them (checked, sorted, turned into a
-rule) is remembered by identity AND version counter (:mod:`sparse_accumulation.remembered`), so a call after
+rule) is remembered by identity AND version counter (:mod:`sparse_accumulation.indices`), so a call after
 ``t[0] = ...`` or ``t.copy_(...)`` must compute with the new values. Each test calls, edits the index tensor in
 place, calls again and compares both results with an independent float64 reference of the indices as they
 were at each call: the tensor API's rule (``m1``, ``m2``, ``mu``), message-passing indices (``indices_1``,
@@ -12,7 +12,7 @@ from accumulation_helpers import oracle, random_rule
 from graph_helpers import assert_close_to, random_graph, reference, weighted_rule
 from pair_sums_helpers import LOOPS, arguments, random_inputs
 from polynomial_helpers import reference as polynomial_reference
-from sparse_accumulation.elements import Elements
+from sparse_accumulation.indices import Elements
 from sparse_accumulation.mace import SymmetricContraction
 
 

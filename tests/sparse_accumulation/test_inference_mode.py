@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation import remembered
+from sparse_accumulation import indices
 
 IMPLEMENTATIONS = [pytest.param(("numba", "cpu"), id="numba"), pytest.param(("torch", "cpu"), id="torch"),
                    pytest.param(("triton", "cuda"), id="triton-cuda", marks=[
@@ -160,7 +160,7 @@ def test_interaction_sums(generator, implementation):
 
 def test_inference_tensors_are_not_remembered_and_edits_inside_inference_mode_count(generator):
     """An index tensor edited in place inside inference mode (no version counter) gives the edited result."""
-    remembered.clear()
+    indices.clear()
     m1, m2, mu, C = sa.get_cg_transformation_rule(1, 1, 1)
     X1, X2 = torch.randn(5, 3, generator=generator), torch.randn(5, 3, generator=generator)
     nodes, edges = 4, 12
@@ -175,7 +175,7 @@ def test_inference_tensors_are_not_remembered_and_edits_inside_inference_mode_co
         dst[:edges // 2] = (dst[:edges // 2] + 1) % nodes
         second = sa.accumulate(X1, X2, mu_inference, 3, m1, m2, C)
         graph_second = sa.accumulate_rule(x[:1].expand(edges, 3), y, rule, C, indices_out=dst, size_out=nodes)
-    assert not any(len(memory) for memory in remembered._memories)
+    assert not any(len(memory) for memory in indices._memories)
     torch.testing.assert_close(first, sa.accumulate(X1, X2, mu, 3, m1, m2, C), rtol=0, atol=0)
     edited = mu.clone()
     edited[0] = (edited[0] + 1) % 3

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import numba_blocks, numba_cpu, numba_kernels, numba_threads, numba_transpose
+from sparse_accumulation.kernels.numba import accumulate as numba_accumulate, accumulate_kernel, blocks as numba_blocks
+from sparse_accumulation.kernels.numba import threads as numba_threads, transpose as numba_transpose
 from accumulation_helpers import assert_close_to, random_rule
 
 # (X1 leading shape, X2 leading shape, W leading shape): several tasks, each broadcast the kernels reduce
@@ -52,7 +53,7 @@ def _check(generator, leads, weighted, dtype=torch.float64, sizes=(4, 3, 2, 5), 
 
 
 def test_blocks_and_tasks_cover_every_row(generator):
-    block, tasks = numba_blocks.BLOCK, numba_cpu.MAX_TASKS
+    block, tasks = numba_blocks.BLOCK, numba_accumulate.MAX_TASKS
     for rows in (block - 1, block, block + 1, tasks * block - 1, tasks * block + 1, 3 * tasks * block + 7):
         _check(generator, [(rows,), (rows,)], weighted=False)
 
@@ -72,7 +73,7 @@ def test_wide_and_narrow_rows_across_blocks(generator, weighted, dtype):
 def test_coefficient_gradient_with_and_without_the_gradient_of_x1(generator, weighted, dtype):
     """dC comes from the products of the pass that computes dX1 when dX1 is wanted (odd and even group sizes),
     and from a pass of its own when it is not."""
-    M1, M2, Mw, O, nnz, rows = 9, 5, 3, 17, 41, numba_cpu.SERIAL_ROWS + 300
+    M1, M2, Mw, O, nnz, rows = 9, 5, 3, 17, 41, numba_accumulate.SERIAL_ROWS + 300
     m1, m2, mu, C = random_rule(generator, M1, M2, O, nnz=nnz, dtype=dtype)
     w = torch.randint(0, Mw, (nnz,), generator=generator) if weighted else None
     rule = sa.Rule(m1, m2, mu, O, input_sizes=(M1, M2), w=w, weight_size=Mw if weighted else None)
@@ -135,8 +136,8 @@ def test_threaded_calls_agree_bitwise_with_one_kernel_call(generator, monkeypatc
     G = torch.randn(3000, 5, generator=generator)
     results = []
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    for serial_rows in (numba_cpu.SERIAL_ROWS, 10 ** 9):  # on threads, then in one call
-        monkeypatch.setattr(numba_cpu, "SERIAL_ROWS", serial_rows)
+    for serial_rows in (numba_accumulate.SERIAL_ROWS, 10 ** 9):  # on threads, then in one call
+        monkeypatch.setattr(numba_accumulate, "SERIAL_ROWS", serial_rows)
         out = sa.accumulate_rule(X1, X2, rule, C, implementation="numba")
         results.append((out, *torch.autograd.grad(out, (X1, X2, C), G)))
     for a, b in zip(*results):
@@ -167,15 +168,15 @@ def test_variant_names_follow_every_kernel_source(tmp_path, monkeypatch):
     """numba's disk cache keys code by function name and checks only the file of a cached function: each
     variant's name carries its constants and a digest of every file compiled into it, so a change to a helper
     in another module compiles the kernel anew."""
-    names = {numba_kernels.variant(*v).py_func.__qualname__ for v in numba_kernels.all_variants()}
+    names = {accumulate_kernel.variant(*v).py_func.__qualname__ for v in accumulate_kernel.all_variants()}
     assert len(names) == 4
-    assert all(name.endswith("_" + numba_kernels._SOURCE_TAG) for name in names)
+    assert all(name.endswith("_" + accumulate_kernel._SOURCE_TAG) for name in names)
     for module in (numba_transpose, numba_blocks):
         helper = tmp_path / Path(module.__file__).name
         helper.write_text(Path(module.__file__).read_text() + "\n# changed\n")
         with monkeypatch.context() as patch:
             patch.setattr(module, "__file__", str(helper))
-            assert numba_kernels._source_tag() != numba_kernels._SOURCE_TAG
+            assert accumulate_kernel._source_tag() != accumulate_kernel._SOURCE_TAG
 
 
 def test_compiled_kernels_can_be_cached(generator):
@@ -186,7 +187,7 @@ def test_compiled_kernels_can_be_cached(generator):
     X1 = torch.randn(10, 9, generator=generator, requires_grad=True)
     X2 = torch.randn(10, 5, generator=generator)
     sa.accumulate(X1, X2, mu, 17, m1, m2, C, implementation="numba").sum().backward()
-    kernel = numba_kernels.variant(False, False)
+    kernel = accumulate_kernel.variant(False, False)
     assert kernel.overloads
     for compiled in kernel.overloads.values():
         assert kernel._cache._impl.check_cachable(compiled), kernel.py_func.__qualname__

@@ -1,4 +1,4 @@
-"""Triton kernels (``sparse_accumulation.kernels.triton_gpu``) against a brute-force float64 loop.
+"""Triton kernels (``sparse_accumulation.kernels.triton_accumulate``) against a brute-force float64 loop.
 
 Without a GPU (CI) the kernels run on CPU tensors under the Triton interpreter; on a CUDA machine the same
 tests run compiled on CUDA tensors, unless ``TRITON_INTERPRET=1`` was set from outside; the larger tests marked
@@ -27,8 +27,8 @@ import pytest  # noqa: E402
 triton = pytest.importorskip("triton")
 
 import sparse_accumulation as sa  # noqa: E402
-from sparse_accumulation import layout  # noqa: E402
-from sparse_accumulation.kernels import triton_gpu  # noqa: E402
+from sparse_accumulation.kernels import layout  # noqa: E402
+from sparse_accumulation.kernels.triton import accumulate as triton_accumulate  # noqa: E402
 from sparse_accumulation.kernels.triton import build, launch  # noqa: E402
 
 # Only this module's tests run interpreted (the fixture below sets the variable again for them): other test
@@ -38,7 +38,7 @@ if _PREVIOUS_INTERPRET is None:
 else:
     os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
 
-STRATEGIES = triton_gpu.STRATEGIES + ("pieces+tile", "tile+pieces")
+STRATEGIES = triton_accumulate.STRATEGIES + ("pieces+tile", "tile+pieces")
 LOAD_STRATEGIES = ("tile", "pieces", "columns")  # the dC kernel only loads
 TOLERANCES = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 cuda = pytest.mark.skipif(INTERPRET, reason="needs a CUDA GPU (and TRITON_INTERPRET unset)")
@@ -159,22 +159,22 @@ def rows_of(*operands):
 
 def _call(rule, operands, C, **options):
     X1, X2, *rest = operands
-    return triton_gpu.accumulate(X1, X2, rest[0] if rest else None, C, rule, rows_of(*operands), **options)
+    return triton_accumulate.accumulate(X1, X2, rest[0] if rest else None, C, rule, rows_of(*operands), **options)
 
 
 def _backward(G, rule, operands, C, *wanted):
     X1, X2, *rest = operands
-    return triton_gpu.accumulate_backward(G, X1, X2, rest[0] if rest else None, C, rule, rows_of(*operands),
+    return triton_accumulate.accumulate_backward(G, X1, X2, rest[0] if rest else None, C, rule, rows_of(*operands),
                                           *wanted)
 
 
 def _dC(G, rule, operands, **options):
     X1, X2, *rest = operands
-    return triton_gpu.accumulate_dC(G, X1, X2, rest[0] if rest else None, rule, rows_of(*operands), **options)
+    return triton_accumulate.accumulate_dC(G, X1, X2, rest[0] if rest else None, rule, rows_of(*operands), **options)
 
 
 def test_is_available():
-    assert triton_gpu.is_available()
+    assert triton_accumulate.is_available()
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -248,14 +248,14 @@ def test_gradients_summed_over_runs_of_rows_in_the_kernel(lead, B, weighted, mon
     rule, indices = make_rule("random", weight_size=4 if weighted else None)
     operands, C = operands_for(rule, [(lead, B), (lead, 1), (lead, 1)][:3 if weighted else 2])
     G = randn(lead, B, rule.output_size)
-    triton_gpu._plans.clear()
+    triton_accumulate._plans.clear()
     summed = _backward(G, rule, operands, C, True, True, weighted, False)
-    plans = [plan for key, plan in triton_gpu._plans.plans.items() if key[0] == "grad"]
+    plans = [plan for key, plan in triton_accumulate._plans.plans.items() if key[0] == "grad"]
     assert plans and all(dims is None for _, dims in plans[-1][1]), "a gradient is summed after the kernel"
     for j, operand in enumerate(operands):
         assert summed[j].shape == operand.shape
         assert_close(summed[j], reference_gradient(G, operands, indices, C, j), torch.float64)
-    monkeypatch.setattr(triton_gpu.configs, "SUMMED_INNER_MAX", 0)
+    monkeypatch.setattr(triton_accumulate.configs, "SUMMED_INNER_MAX", 0)
     per_row = _backward(G, rule, operands, C, True, True, weighted, False)
     for a, b in zip(summed[:len(operands)], per_row):
         assert_close(a, b.double().numpy(), torch.float64)
@@ -270,7 +270,7 @@ def test_gradients_one_at_a_time_and_unfused(weighted, monkeypatch):
     G = randn(4, 5, rule.output_size)
     slots = len(operands)
     for fused_width in (17, 0):
-        monkeypatch.setattr(triton_gpu.configs, "FUSED_GRADIENTS_MAX_WIDTH", fused_width)
+        monkeypatch.setattr(triton_accumulate.configs, "FUSED_GRADIENTS_MAX_WIDTH", fused_width)
         for j in range(slots):
             wanted = [i == j for i in range(3)]
             grads = _backward(G, rule, operands, C, *wanted, False)
@@ -281,7 +281,7 @@ def test_gradients_one_at_a_time_and_unfused(weighted, monkeypatch):
 @pytest.mark.parametrize("strategy", ["auto", "pieces"])
 def test_int64_offsets(strategy, monkeypatch):
     """The 64-bit offset path, forced on small tensors, with and without an inner dimension."""
-    monkeypatch.setattr(triton_gpu, "_INT32_LIMIT", 1)
+    monkeypatch.setattr(triton_accumulate, "_INT32_LIMIT", 1)
     rule, indices = make_rule("random")
     for shapes in ([(33, 1), (33, 1)], [(3, 11), (3, 1)]):
         operands, C = operands_for(rule, shapes, transposed=True)
@@ -342,10 +342,10 @@ def test_auto_kernel_both_store_branches(kind):
     G = randn(R, 1, rule.output_size, dtype=torch.float32)
     operands = [X1, X2] if kind == "fwd" else [G, X1, X2]
     rows = rows_of(*operands)
-    static, strides = triton_gpu._layout(operands, rows.operands, R, 1, [rule.output_size])
-    kernel = triton_gpu._row_kernel(kind, rule, static, "auto", "tl.float32",
+    static, strides = triton_accumulate._layout(operands, rows.operands, R, 1, [rule.output_size])
+    kernel = triton_accumulate._row_kernel(kind, rule, static, "auto", "tl.float32",
                                    () if kind == "fwd" else ((0, False), (1, False)))
-    ints = triton_gpu._int_args(static, strides, R, 1)
+    ints = triton_accumulate._int_args(static, strides, R, 1)
     grid = (triton.cdiv(R, 32),)
     for flag in (0, 1):
         if kind == "fwd":

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import numba_graph
+from sparse_accumulation.kernels.numba import graph as numba_graph
 from graph_helpers import PATTERNS, assert_close_to, pattern_case, random_graph, reference, weighted_rule
 
 IMPLEMENTATIONS = ("numba", "torch")

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from polynomial_helpers import random_elements, random_operands, random_program, reference
-from sparse_accumulation.elements import Elements
-from sparse_accumulation.kernels import numba_polynomial, numba_threads
-from sparse_accumulation.kernels import polynomial as torch_polynomial
-from sparse_accumulation.polynomial_ops import evaluate, polynomial_kernels
+from sparse_accumulation.indices import Elements
+from sparse_accumulation.kernels.numba import polynomial as numba_polynomial, threads as numba_threads
+from sparse_accumulation.kernels.torch import polynomial as torch_polynomial
+from sparse_accumulation.backends import kernel_module
+from sparse_accumulation.ops.polynomial.api import evaluate
 
 IMPLEMENTATIONS = ("numba", "torch")
 
@@ -50,12 +51,12 @@ def test_element_outputs_sum_every_tile_of_an_element(generator, implementation)
     cotangent = torch.randn(nodes, program.outputs[0].width, generator=generator, dtype=torch.float64)
     derivative = program.derivative((0, 1, 2), (True,))
     assert [slot.kind for slot in derivative.outputs] == ["lane", "element", "lane"]
-    got = polynomial_kernels(implementation).run(derivative, tensors + [cotangent], elements, (0, 1, 2))
+    got = kernel_module("polynomial", implementation).run(derivative, tensors + [cotangent], elements, (0, 1, 2))
     expected = reference(derivative, tensors + [cotangent], elements)
     for a, b in zip(got, expected):
         _assert_close(a, b, 1e-12)
     # the element output alone (the kernel's element path without lane outputs beside it)
-    (alone,) = polynomial_kernels(implementation).run(derivative, tensors + [cotangent], elements, (1,))
+    (alone,) = kernel_module("polynomial", implementation).run(derivative, tensors + [cotangent], elements, (1,))
     _assert_close(alone, expected[1], 1e-12)
 
 

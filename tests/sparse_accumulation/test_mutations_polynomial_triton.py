@@ -11,8 +11,8 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 
 from polynomial_helpers import random_operands, random_program, reference  # noqa: E402
-from sparse_accumulation.elements import Elements  # noqa: E402
-from sparse_accumulation.kernels import triton_polynomial  # noqa: E402
+from sparse_accumulation.indices import Elements  # noqa: E402
+from sparse_accumulation.kernels.triton import polynomial as triton_polynomial  # noqa: E402
 
 interpreted.restore()
 _interpreter = interpreted.module_fixture()

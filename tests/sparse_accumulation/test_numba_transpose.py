@@ -6,8 +6,8 @@ import numba
 import numpy as np
 import pytest
 
-from sparse_accumulation.kernels import numba_transpose
-from sparse_accumulation.kernels.numba_transpose import columns_to_rows, rows_to_columns
+from sparse_accumulation.kernels.numba import transpose as numba_transpose
+from sparse_accumulation.kernels.numba.transpose import columns_to_rows, rows_to_columns
 
 WIDTHS = list(range(1, 20))
 COUNTS = [0, 1, 7, 8, 9, 23, 64, 77]

@@ -1,4 +1,4 @@
-"""Triton polynomial kernels (``sparse_accumulation.kernels.triton_polynomial``) against a brute-force float64
+"""Triton polynomial kernels (``sparse_accumulation.kernels.triton.polynomial``) against a brute-force float64
 reference and the MACE module on the numba kernels; interpreted on the CPU without a GPU (``interpreted.py``),
 the larger tests marked ``cuda`` only on a GPU (``pytest -m cuda``)."""
 import interpreted
@@ -11,10 +11,10 @@ import torch  # noqa: E402
 triton = pytest.importorskip("triton")
 
 from polynomial_helpers import random_elements, random_operands, random_program, reference  # noqa: E402
-from sparse_accumulation.kernels import triton_polynomial  # noqa: E402
+from sparse_accumulation.kernels.triton import polynomial as triton_polynomial  # noqa: E402
 from sparse_accumulation.kernels.triton.polynomial_source import fits  # noqa: E402
 from sparse_accumulation.mace import SymmetricContraction  # noqa: E402
-from sparse_accumulation.polynomials import Program, element_slot, lane_slot  # noqa: E402
+from sparse_accumulation.descriptors.programs import Program, element_slot, lane_slot  # noqa: E402
 
 interpreted.restore()
 _interpreter = interpreted.module_fixture()
@@ -26,7 +26,7 @@ def _on_device(tensors):
 
 
 def _elements_on_device(elements):
-    from sparse_accumulation.elements import Elements
+    from sparse_accumulation.indices import Elements
 
     return Elements(elements.tensor.to(DEVICE), elements.num_elements)
 

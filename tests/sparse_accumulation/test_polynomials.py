@@ -1,13 +1,14 @@
-"""Element-weighted polynomial programs (:mod:`sparse_accumulation.polynomials`) on the CPU kernels (numba,
+"""Element-weighted polynomial programs (:mod:`sparse_accumulation.descriptors.programs`) on the CPU kernels (numba,
 torch) against a brute-force float64 reference: outputs, derivative programs (lane and element outputs), the
 registered op (opcheck) and its gradients to second order against finite differences."""
 import pytest
 import torch
 
 from polynomial_helpers import random_elements, random_operands, random_program, reference
-from sparse_accumulation.elements import Elements
-from sparse_accumulation.polynomial_ops import evaluate, polynomial_kernels
-from sparse_accumulation.polynomials import Program, Slot, element_slot, lane_slot
+from sparse_accumulation.indices import Elements
+from sparse_accumulation.backends import kernel_module
+from sparse_accumulation.ops.polynomial.api import evaluate
+from sparse_accumulation.descriptors.programs import Program, Slot, element_slot, lane_slot
 
 IMPLEMENTATIONS = ("numba", "torch")
 
@@ -18,7 +19,7 @@ def test_kernels_equal_the_reference(generator, implementation, nodes):
     program = random_program(generator)
     elements = random_elements(generator, nodes, 3)
     tensors = random_operands(generator, program, nodes, 3)
-    got = polynomial_kernels(implementation).run(program, tensors, elements, (0,))
+    got = kernel_module("polynomial", implementation).run(program, tensors, elements, (0,))
     assert torch.allclose(got[0], reference(program, tensors, elements)[0], rtol=1e-12, atol=1e-12)
 
 
@@ -30,7 +31,7 @@ def test_derivative_programs_equal_the_reference(generator, implementation):
     tensors = random_operands(generator, program, 75, 4)
     cotangent = torch.randn(75, program.outputs[0].width, generator=generator, dtype=torch.float64)
     derivative = program.derivative((0, 1, 2), (True,))
-    got = polynomial_kernels(implementation).run(derivative, tensors + [cotangent], elements, (0, 1, 2))
+    got = kernel_module("polynomial", implementation).run(derivative, tensors + [cotangent], elements, (0, 1, 2))
     expected = reference(derivative, tensors + [cotangent], elements)
     for a, b in zip(got, expected):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation import rules
+import sparse_accumulation.indices
+import sparse_accumulation.ops.accumulate.api
+import sparse_accumulation.ops.accumulate.registered
 from accumulation_helpers import assert_close_to, oracle, random_rule
 
 
@@ -100,8 +102,9 @@ def test_calls_with_a_rule_never_read_indices(generator, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("index tensors were read during a call")
 
-    monkeypatch.setattr(rules, "prepare_rule", fail)
-    monkeypatch.setattr(sa.api, "prepare_rule", fail)
+    monkeypatch.setattr(sparse_accumulation.indices, "prepare_rule", fail)
+    monkeypatch.setattr(sparse_accumulation.ops.accumulate.api, "prepare_rule", fail)
+    monkeypatch.setattr(sparse_accumulation.ops.accumulate.registered, "prepare_rule", fail)
     X1 = torch.randn(7, 5, generator=generator, dtype=torch.float64, requires_grad=True)
     X2 = torch.randn(7, 3, generator=generator, dtype=torch.float64, requires_grad=True)
     out = module(X1, X2)

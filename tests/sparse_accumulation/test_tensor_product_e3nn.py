@@ -14,7 +14,7 @@ from products_helpers import relative_error
 
 o3 = pytest.importorskip("e3nn.o3")
 from sparse_accumulation.e3nn import SUPPORTED_MODES, TensorProduct  # noqa: E402
-from sparse_accumulation.e3nn_layout import gather, gather_weights, scatter  # noqa: E402
+from sparse_accumulation.e3nn.layout import gather, gather_weights, scatter  # noqa: E402
 
 IMPLEMENTATIONS = ["numba", "torch"]
 # None: the default, e3nn's rows on CPU tensors; "divisor": the channel layout CUDA tensors get, forced here
@@ -210,7 +210,7 @@ def test_relayout_gradients_to_second_order(generator):
 def test_indexed_relayout_equals_the_block_copies(generator, monkeypatch):
     """A layout holding every column once is copied with one indexed copy; it equals the per-block copies
     (the path of layouts with shared segments), both ways, with exact gradients."""
-    from sparse_accumulation import e3nn_layout
+    from sparse_accumulation.e3nn import layout as e3nn_layout
 
     ours = TensorProduct(*NEQUIP, uvu_instructions(*NEQUIP), shared_weights=False)
     layout = ours._channel_plan.x

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import pytest
-import torch
 
 import sparse_accumulation as sa
 
@@ -51,9 +50,9 @@ SCRIPT = textwrap.dedent('''
 
 REBUILD = textwrap.dedent('''
     import json, sys
-    from sparse_accumulation.channel_rules import ChannelRule
-    from sparse_accumulation.polynomials import Program
-    from sparse_accumulation.rules import Rule
+    from sparse_accumulation.descriptors.channel_rules import ChannelRule
+    from sparse_accumulation.descriptors.programs import Program
+    from sparse_accumulation import Rule
 
     keys = json.loads(sys.stdin.read())
     made = {"rule": Rule.from_key(keys["rule"]), "channel_rule": ChannelRule.from_key(keys["channel_rule"]),
@@ -65,7 +64,7 @@ REBUILD = textwrap.dedent('''
 def test_descriptors_are_rebuilt_from_their_keys_in_a_new_process():
     """Keys of descriptors made only here (a swapped rule, a channel rule, a second derivative program) name the
     same descriptors in a process that never made them."""
-    from sparse_accumulation.channel_rules import ChannelRule
+    from sparse_accumulation.descriptors.channel_rules import ChannelRule
     from sparse_accumulation.mace import SymmetricContraction
 
     m1, m2, mu, _ = sa.get_cg_transformation_rule(2, 1, 2)

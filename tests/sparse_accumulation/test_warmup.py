@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sparse_accumulation import cli, warmup
-from sparse_accumulation.kernels import numba_kernels
+from sparse_accumulation.kernels.numba import accumulate_kernel
 
 # in a child: calls of every kind, then the numba dispatchers of the kernel modules that compiled anything
 _CALLS = r"""
@@ -17,18 +17,20 @@ import json, sys, torch, numba
 import sparse_accumulation as sa
 from sparse_accumulation import warmup
 from sparse_accumulation import kernels
+import sparse_accumulation.kernels.numba
 dtype = getattr(torch, sys.argv[1])
 for label, function in warmup.steps([dtype]):
     with torch.enable_grad():
         function()
 compiled = []
 import importlib, pkgutil
-for info in pkgutil.iter_modules(kernels.__path__):
-    module = importlib.import_module("sparse_accumulation.kernels." + info.name)
+from sparse_accumulation.kernels.numba import accumulate_kernel
+for info in pkgutil.iter_modules(kernels.numba.__path__, "sparse_accumulation.kernels.numba."):
+    module = importlib.import_module(info.name)
     for name, value in vars(module).items():
         if isinstance(value, numba.core.dispatcher.Dispatcher) and value.stats.cache_misses:
             compiled.append(f"{info.name}.{name}")
-for dispatcher in kernels.numba_kernels._variants.values():
+for dispatcher in accumulate_kernel._variants.values():
     if dispatcher.stats.cache_misses:
         compiled.append(dispatcher.py_func.__name__)
 print(json.dumps(compiled))
@@ -40,7 +42,7 @@ def test_steps_cover_every_variant_once_per_compute_dtype():
     assert len(labels) == len(set(labels))
     for name in ("float32", "float64"):
         accumulation = [label for label in labels if label.startswith(f"accumulate {name}")]
-        assert len(accumulation) == len(numba_kernels.all_variants()) == 4
+        assert len(accumulation) == len(accumulate_kernel.all_variants()) == 4
         assert f"message passing {name}" in labels and f"interaction sums {name}" in labels
     assert not any("float16" in label for label in labels)
 
@@ -73,16 +75,18 @@ _REACHABLE = r"""
 import importlib, json, pkgutil, torch, numba
 import sparse_accumulation as sa
 from sparse_accumulation import kernels, warmup
+import sparse_accumulation.kernels.numba
 from sparse_accumulation.mace import SymmetricContraction
 
 def signatures():
+    from sparse_accumulation.kernels.numba import accumulate_kernel
     found = {}
-    for info in pkgutil.iter_modules(kernels.__path__):
-        module = importlib.import_module("sparse_accumulation.kernels." + info.name)
+    for info in pkgutil.iter_modules(kernels.numba.__path__, "sparse_accumulation.kernels.numba."):
+        module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if isinstance(value, numba.core.dispatcher.Dispatcher):
                 found[f"{info.name}.{name}"] = set(map(str, value.signatures))
-    for key, dispatcher in kernels.numba_kernels._variants.items():
+    for key, dispatcher in accumulate_kernel._variants.items():
         found[str(key)] = set(map(str, dispatcher.signatures))
     return found
 

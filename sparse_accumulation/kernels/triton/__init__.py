@@ -1,4 +1,5 @@
-"""The Triton backend's parts: source generation, launch configurations, building and launching kernels.
-
-:mod:`sparse_accumulation.kernels.triton_gpu` puts them together into the kernel contract.
+"""Triton kernels (CUDA; CPU tensors under ``TRITON_INTERPRET=1``), one module per operation
+(:mod:`.accumulate`, :mod:`.graph`, :mod:`.polynomial`, :mod:`.pair_sums`), and what they share: source
+generation (:mod:`.codegen` and one generator per operation), launch configurations (:mod:`.configs`),
+building (:mod:`.build`) and launching (:mod:`.launch`) the generated kernels.
 """

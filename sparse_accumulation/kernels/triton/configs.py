@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from .source import next_pow2
+from .codegen import next_pow2
 
 AUTOTUNE = os.environ.get("SPARSE_ACCUMULATION_TRITON_AUTOTUNE", "1") != "0"
 ROWS_PER_THREAD = (1, 2, 4)

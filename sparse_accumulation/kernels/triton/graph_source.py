@@ -1,7 +1,7 @@
 """Generation of the Triton source of graph kernels (plain Python: no triton import here).
 
 A graph kernel computes, for the edges ``e`` of a call and the channels ``b`` of a
-:class:`~sparse_accumulation.channel_rules.ChannelRule`, one or more outputs of the rule's slots (X1, X2, W,
+:class:`~sparse_accumulation.descriptors.channel_rules.ChannelRule`, one or more outputs of the rule's slots (X1, X2, W,
 out): an output slot ``j`` receives, at its column of ``index_j[k]`` and channel ``b``, ``C[k]`` times the
 values of every other slot at theirs (``index`` the rule's arrays ``m1, m2, w, mu``). The forward is the output
 slot "out" from X1, X2 and W; the gradient of X1 is the output slot "X1" from the output gradient (in slot
@@ -21,7 +21,7 @@ Columns are loaded one at a time (component ``m`` of channel ``b`` at ``base[m] 
 ``[BLOCK_R, 1]`` load when every channel shares it), and every output column is summed in registers with the
 factored sums of :func:`.source.factored_sum`; an output column shared by the channels is summed over them.
 Gathered rows outside ``[0, N)`` read as zeros and atomics outside are dropped: no access leaves a tensor.
-Like :mod:`.source`, the code calls only triton builtins and local combine functions.
+Like :mod:`.accumulate_source`, the code calls only triton builtins and local combine functions.
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ...channel_rules import ONE, SLOTS
-from .source import Code, factored_sum, next_pow2
+from ...descriptors.channel_rules import ONE, SLOTS
+from .. import ATOMIC, EDGE, SEGMENT
+from .codegen import Code, factored_sum, next_pow2
 
 #: output modes
-SEGMENT, EDGE, ATOMIC = "segment", "edge", "atomic"
 _INDEX_NAMES = ("m1", "m2", "w", "mu")
 
 

@@ -1,6 +1,6 @@
 """Generation of the Triton source and tables of polynomial kernels (plain Python: no triton import here).
 
-A kernel computes some outputs of a :class:`~sparse_accumulation.polynomials.Program`, all lane outputs or
+A kernel computes some outputs of a :class:`~sparse_accumulation.descriptors.programs.Program`, all lane outputs or
 all element outputs. The terms are data, not code: they sit in tables (an int32 tensor ``TAB`` and the
 coefficients ``COEF``) in *blocks* of ``TCH`` term slots, and the kernel's code does not grow with the number of
 terms (a straight-line kernel of a few thousand terms takes Triton minutes to compile). Program ``(t, g, c)``
@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .source import next_pow2
+from .codegen import next_pow2
 
 #: term slots of a block
 TCH = 16

@@ -1,0 +1,12 @@
+"""e3nn's tensor products on this library's kernels: :class:`TensorProduct` takes e3nn's constructor and call
+(and cuEquivariance's message-passing keywords), computing a whole product as one weighted sparse accumulation
+(:mod:`.tensor_product`; how e3nn's layouts map onto it: :mod:`.layout`). e3nn itself is imported when a
+product is made.
+"""
+from .tensor_product import (E3NN_MODES, IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS, SUPPORTED_MODES, Instruction,
+                             InvalidArgumentError, IrrepIndexError, LeadingDimensionsError, TensorProduct,
+                             UnknownModeError, WeightsMissingError)
+
+__all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS",
+           "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError", "IrrepIndexError",
+           "UnknownModeError", "LeadingDimensionsError"]

@@ -1,0 +1,483 @@
+"""e3nn's ``TensorProduct`` (modes ``"uuu"`` and ``"uvu"``) computed as ONE weighted sparse accumulation.
+
+:class:`TensorProduct` takes e3nn's constructor arguments (irreps, instructions, normalizations,
+``shared_weights`` / ``internal_weights``) and is called like e3nn's, ``tp(x, y, weight=None)``, with e3nn's
+layouts in and out: ``x[..., irreps_in1.dim]``, ``y[..., irreps_in2.dim]``, ``weight[..., weight_numel]``
+(or ``[weight_numel]`` when shared), output ``[..., irreps_out.dim]``. It gives e3nn's values and gradients.
+
+How the product is computed
+---------------------------
+One rule holds every instruction: for each CG nonzero of an instruction and each multiplicity, the
+components it reads in ``x`` and ``y``, the output component it adds to (instructions into the same output
+irrep add up) and the weight it is multiplied by, so a call is one kernel launch forward and one backward,
+with the weights read by the kernels (never expanded per nonzero). :mod:`sparse_accumulation.e3nn.layout`
+has the details. Two layouts of the operands, picked per call:
+
+* on CPU tensors, e3nn's tensors themselves (the rows are e3nn's rows; ``x``, ``y``, the weights and the
+  output are used in place, nothing is copied);
+* on CUDA (and with the Triton kernels), ``U`` channels as rows, ``U`` the greatest common divisor of the
+  multiplicities the instructions use, so the rule is that of one channel (the generated kernels need a
+  short rule). ``x`` and the output are copied once into and out of ``[..., U, D]``; "uvu"'s ``y`` is read
+  in place by every channel; the weights of "uvu" with spherical harmonics (one ``v``, equal
+  multiplicities) are a view.
+
+The coefficients are e3nn's: ``sqrt(alpha)`` times its Wigner 3j symbol, the 3j symbol being
+``cg.transformation_rule(l1, l2, L, basis="e3nn")`` divided by ``sqrt(2L + 1)``, and ``alpha`` e3nn's
+documented normalization (see :class:`TensorProduct`).
+
+e3nn is needed for its ``Irreps`` (imported when a :class:`TensorProduct` is made).
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .. import backends
+from ..ops.accumulate.api import accumulate_rule
+from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
+
+__all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
+           "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]
+
+#: instruction modes :class:`TensorProduct` computes
+SUPPORTED_MODES = ("uuu", "uvu")
+#: the modes e3nn knows (the others raise ``NotImplementedError`` here)
+E3NN_MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw")
+IRREP_NORMALIZATIONS = ("component", "norm", "none")
+PATH_NORMALIZATIONS = ("element", "path", "none")
+
+
+def _o3():
+    try:
+        from e3nn import o3
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError("sparse_accumulation.e3nn needs the e3nn package for its Irreps "
+                          "(pip install e3nn)") from error
+    return o3
+
+
+class InvalidArgumentError(ValueError, AssertionError):
+    """A bad argument or input where e3nn fails an ``assert``: invalid instructions (parities, degrees,
+    multiplicities), normalization names, variances, ``internal_weights`` without ``shared_weights``, last
+    dimensions of ``x`` / ``y``, weight shapes. Caught by ``except ValueError`` and ``except AssertionError``."""
+
+
+class WeightsMissingError(RuntimeError, ValueError):
+    """A call without weights on a module without internal weights (e3nn raises ``RuntimeError``)."""
+
+
+class IrrepIndexError(ValueError, IndexError):
+    """An instruction index that is not an index of its irreps (e3nn raises ``IndexError``)."""
+
+
+class UnknownModeError(ValueError, KeyError):
+    """An instruction mode e3nn does not know (e3nn raises ``KeyError``)."""
+
+    __str__ = ValueError.__str__  # KeyError's would print the message quoted
+
+
+class LeadingDimensionsError(ValueError, RuntimeError):
+    """Leading dimensions of ``x``, ``y`` (and per-row weights) that do not broadcast (e3nn raises
+    ``RuntimeError``)."""
+
+
+class Instruction(NamedTuple):
+    """One instruction ``in1[i_in1] x in2[i_in2] -> out[i_out]``, as e3nn's TensorProduct holds it.
+
+    ``path_weight`` is the factor the instruction's output is multiplied by (``sqrt(alpha)``, the
+    normalization included); ``path_shape`` the shape of its weights (``(mul1, mul2)`` for "uvu",
+    ``(mul1,)`` for "uuu").
+    """
+
+    i_in1: int
+    i_in2: int
+    i_out: int
+    connection_mode: str
+    has_weight: bool
+    path_weight: float
+    path_shape: tuple
+
+
+# --------------------------------------------------------------------------------------------------------
+# instructions and e3nn's normalization
+
+
+def _check_instructions(irreps_in1, irreps_in2, irreps_out, instructions) -> list:
+    """Instructions as :class:`Instruction` (``path_weight`` still the user's factor), validated as e3nn does:
+    the multiplicities only of instructions it computes (none of them 0).
+
+    Raises:
+        ValueError: an entry that is not a 5- or 6-tuple.
+        IrrepIndexError: an index out of range.
+        UnknownModeError: a mode e3nn does not know.
+        NotImplementedError: a mode e3nn knows but this module does not compute.
+        InvalidArgumentError: parities or degrees that do not couple, multiplicities the mode does not allow.
+    """
+    result = []
+    for number, entry in enumerate(instructions):
+        entry = tuple(entry)
+        if len(entry) not in (5, 6):
+            raise ValueError(f"instruction {number} must be (i_in1, i_in2, i_out, mode, has_weight[, path_weight]), "
+                             f"got {entry!r}")
+        i1, i2, io, mode, has_weight = entry[:5]
+        path_weight = float(entry[5]) if len(entry) == 6 else 1.0
+        for name, index, irreps in (("i_in1", i1, irreps_in1), ("i_in2", i2, irreps_in2), ("i_out", io, irreps_out)):
+            if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(irreps):
+                raise IrrepIndexError(f"instruction {number}: {name}={index!r} is not an index of {irreps} "
+                                      f"(0 <= {name} < {len(irreps)})")
+        if mode not in E3NN_MODES:
+            raise UnknownModeError(f"instruction {number}: unknown mode {mode!r} (e3nn's modes are {E3NN_MODES})")
+        if mode not in SUPPORTED_MODES:
+            raise NotImplementedError(f"instruction {number}: mode {mode!r} is not supported; "
+                                      f"sparse_accumulation.e3nn.TensorProduct supports {SUPPORTED_MODES}")
+        (mul1, ir1), (mul2, ir2), (mul_out, ir_out) = irreps_in1[i1], irreps_in2[i2], irreps_out[io]
+        if ir1.p * ir2.p != ir_out.p or not abs(ir1.l - ir2.l) <= ir_out.l <= ir1.l + ir2.l:
+            raise InvalidArgumentError(f"instruction {number}: {ir1} x {ir2} cannot give {ir_out} "
+                                       f"(|l1 - l2| <= L <= l1 + l2 and p1 p2 = p are required)")
+        if 0 not in (mul1, mul2, mul_out):  # e3nn computes nothing on a multiplicity 0 and checks nothing there
+            if mode == "uvu" and mul1 != mul_out:
+                raise InvalidArgumentError(f"instruction {number}: mode 'uvu' needs the same multiplicity in "
+                                           f"in1[{i1}] and out[{io}], got {mul1} and {mul_out}")
+            if mode == "uuu" and not mul1 == mul2 == mul_out:
+                raise InvalidArgumentError(f"instruction {number}: mode 'uuu' needs the same multiplicity in "
+                                           f"in1[{i1}], in2[{i2}] and out[{io}], got {mul1}, {mul2} and {mul_out}")
+        shape = (mul1, mul2) if mode == "uvu" else (mul1,)
+        result.append(Instruction(int(i1), int(i2), int(io), mode, bool(has_weight), path_weight, shape))
+    return result
+
+
+def _variances(values, irreps, name) -> list:
+    if values is None:
+        return [1.0] * len(irreps)
+    values = [float(v) for v in values]
+    if len(values) != len(irreps):
+        raise InvalidArgumentError(f"{name} needs one variance per irrep of {irreps} ({len(irreps)}), "
+                                   f"got {len(values)}")
+    return values
+
+
+def _normalized(instructions, irreps_in1, irreps_in2, irreps_out, in1_var, in2_var, out_var,
+                irrep_normalization, path_normalization) -> list:
+    """e3nn's normalization: each instruction's ``path_weight`` becomes ``sqrt(alpha)``, with
+
+    ``alpha = a(l1, l2, L) / x * out_var[i_out] * path_weight``, ``a`` = ``2L + 1`` ("component"),
+    ``(2 l1 + 1)(2 l2 + 1)`` ("norm") or 1 ("none"), and ``x`` (left out when 0) the variance the
+    instruction's output irrep receives: over the instructions into that irrep, the sum of
+    ``in1_var * in2_var * n`` ("element"), or the instruction's own term times their count ("path"), or 1
+    ("none"); ``n`` is the number of terms summed per output component (``mul2`` for "uvu", 1 for "uuu").
+    """
+    def elements(ins):
+        return in1_var[ins.i_in1] * in2_var[ins.i_in2] * (irreps_in2[ins.i_in2].mul if ins.connection_mode == "uvu"
+                                                           else 1)
+
+    result = []
+    for ins in instructions:
+        l1, l2, L = irreps_in1[ins.i_in1].ir.l, irreps_in2[ins.i_in2].ir.l, irreps_out[ins.i_out].ir.l
+        alpha = {"component": 2 * L + 1, "norm": (2 * l1 + 1) * (2 * l2 + 1), "none": 1}[irrep_normalization]
+        same_output = [other for other in instructions if other.i_out == ins.i_out]
+        if path_normalization == "element":
+            x = sum(elements(other) for other in same_output)
+        elif path_normalization == "path":
+            x = elements(ins) * len(same_output)
+        else:
+            x = 1
+        if x > 0:
+            alpha /= x
+        alpha *= out_var[ins.i_out] * ins.path_weight
+        result.append(ins._replace(path_weight=math.sqrt(alpha)))
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------
+# the module
+
+
+class TensorProduct(torch.nn.Module):
+    r"""e3nn's ``o3.TensorProduct`` for instructions in modes ``"uuu"`` and ``"uvu"``, as ONE sparse accumulation.
+
+    Same constructor and call as e3nn's; same outputs and gradients (for ``x``, ``y`` and the weights).
+
+    Args:
+        irreps_in1, irreps_in2, irreps_out: e3nn ``Irreps`` or anything ``e3nn.o3.Irreps`` accepts
+            (``"32x0e + 32x1o"``).
+        instructions: ``(i_in1, i_in2, i_out, mode, has_weight[, path_weight])`` tuples, as in e3nn: each
+            puts ``in1[i_in1] x in2[i_in2]`` into ``out[i_out]`` (several instructions into one output irrep
+            add up). ``mode``: ``"uvu"`` (``out[u] += sum_v w[u, v] in1[u] x in2[v]``; weights of shape
+            ``(mul1, mul2)``) or ``"uuu"`` (``out[u] += w[u] in1[u] x in2[u]``; weights ``(mul1,)``).
+            ``path_weight`` (default 1) multiplies ``alpha`` below (so the output by its square root).
+        in1_var, in2_var, out_var: one variance per irrep of each input / the output (default 1), used by
+            the normalization.
+        irrep_normalization: ``"component"`` (default), ``"norm"`` or ``"none"``.
+        path_normalization: ``"element"`` (default), ``"path"`` or ``"none"``. Instruction ``i`` is
+            multiplied by ``sqrt(alpha_i)``, ``alpha_i = a / x * out_var[i_out] * path_weight`` with ``a`` =
+            ``2L + 1`` / ``(2 l1 + 1)(2 l2 + 1)`` / 1 for the three irrep normalizations and ``x`` (left out
+            when 0) = the sum over the instructions into the same output irrep of
+            ``in1_var * in2_var * n`` ("element"; ``n = mul2`` for "uvu", 1 for "uuu"), this instruction's
+            term times the number of those instructions ("path"), or 1 ("none").
+        internal_weights: hold the weights as a parameter (default: when ``shared_weights`` and some
+            instruction has weights). Internal weights are shared.
+        shared_weights: one set of weights for every row (default True; e3nn's ``False`` is per-row weights
+            ``weight[..., weight_numel]``, for example per edge from a radial network).
+        channels: the channel count ``U`` on CUDA (default: the greatest common divisor of the multiplicities
+            the instructions use); giving it makes every device use it (``1``: e3nn's rows, no copies).
+        dtype: dtype of the coefficients and internal weights (default: torch's default dtype). Inputs of
+            another floating dtype use coefficients cast to theirs.
+        implementation: the kernels, as for :func:`sparse_accumulation.accumulate_rule` (default: the
+            process default).
+
+    Attributes:
+        irreps_in1, irreps_in2, irreps_out: e3nn ``Irreps``.
+        instructions: list of :class:`Instruction`, ``path_weight`` holding the normalization factor
+            ``sqrt(alpha)``.
+        weight_numel: number of weights (``sum`` of ``prod(path_shape)`` over weighted instructions), laid
+            out instruction after instruction, each row-major over ``path_shape``.
+        shared_weights, internal_weights: as resolved from the arguments.
+        weight: the ``[weight_numel]`` parameter with internal weights (initialized like e3nn's, standard
+            normal), else an empty buffer.
+        channels: ``U``, the channel count of the accumulation on CUDA (see :mod:`sparse_accumulation.e3nn`).
+
+    Modes ``"uvw"``, ``"uvv"``, ``"uuw"``, ``"uvuv"``, ``"uvu<v"`` and ``"u<vw"`` raise
+    ``NotImplementedError``. e3nn's ``compile_left_right``, ``compile_right``, ``right()`` and list-of-tensors
+    weights are not offered.
+
+    Irreps of multiplicity 0 are handled as e3nn does: an instruction on one computes nothing and its
+    multiplicities are not checked; its weights (if ``path_shape`` has no 0, as for "uvu" into a ``0x``
+    output) are counted in ``weight_numel`` and keep their place, unread. (e3nn 0.6.0 gives the instructions
+    after such a one the wrong outputs and weights; here each instruction reads its own weights.)
+
+    Errors are of e3nn's type where e3nn raises one, and ``ValueError`` subclasses (the classes below subclass
+    both).
+
+    Raises:
+        ImportError: e3nn is not installed.
+        NotImplementedError: an instruction in an unsupported mode.
+        IrrepIndexError: an instruction index out of range (an ``IndexError``).
+        UnknownModeError: an instruction mode e3nn does not know (a ``KeyError``).
+        InvalidArgumentError: parities, degrees or multiplicities an instruction cannot have, normalization
+            names, variances, ``internal_weights`` without ``shared_weights`` (an ``AssertionError``).
+        ValueError: an instruction that is not a 5- or 6-tuple, ``channels`` that does not divide the
+            multiplicities.
+    """
+
+    def __init__(self, irreps_in1, irreps_in2, irreps_out, instructions: Sequence[tuple],
+                 in1_var: Optional[Sequence[float]] = None, in2_var: Optional[Sequence[float]] = None,
+                 out_var: Optional[Sequence[float]] = None, irrep_normalization: Optional[str] = None,
+                 path_normalization: Optional[str] = None, internal_weights: Optional[bool] = None,
+                 shared_weights: Optional[bool] = None, *, channels: Optional[int] = None, dtype=None,
+                 implementation=None):
+        super().__init__()
+        o3 = _o3()
+        self.irreps_in1, self.irreps_in2, self.irreps_out = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2), \
+            o3.Irreps(irreps_out)
+        # forward reads plain ints only (torch.compile cannot guard on e3nn's Irreps)
+        self._dims = (self.irreps_in1.dim, self.irreps_in2.dim, self.irreps_out.dim)
+        irrep_normalization = "component" if irrep_normalization is None else irrep_normalization
+        path_normalization = "element" if path_normalization is None else path_normalization
+        if irrep_normalization not in IRREP_NORMALIZATIONS:
+            raise InvalidArgumentError(f"irrep_normalization must be one of {IRREP_NORMALIZATIONS}, "
+                                       f"got {irrep_normalization!r}")
+        if path_normalization not in PATH_NORMALIZATIONS:
+            raise InvalidArgumentError(f"path_normalization must be one of {PATH_NORMALIZATIONS}, "
+                                       f"got {path_normalization!r}")
+        checked = _check_instructions(self.irreps_in1, self.irreps_in2, self.irreps_out, instructions)
+        self.instructions = _normalized(
+            checked, self.irreps_in1, self.irreps_in2, self.irreps_out,
+            _variances(in1_var, self.irreps_in1, "in1_var"), _variances(in2_var, self.irreps_in2, "in2_var"),
+            _variances(out_var, self.irreps_out, "out_var"), irrep_normalization, path_normalization)
+        self.irrep_normalization, self.path_normalization = irrep_normalization, path_normalization
+
+        if shared_weights is False and internal_weights is None:
+            internal_weights = False
+        shared_weights = True if shared_weights is None else bool(shared_weights)
+        if internal_weights is None:
+            internal_weights = shared_weights and any(ins.has_weight for ins in self.instructions)
+        if internal_weights and not shared_weights:
+            raise InvalidArgumentError("internal_weights=True needs shared_weights=True (internal weights are shared)")
+        self.shared_weights, self.internal_weights = shared_weights, bool(internal_weights)
+        self.weight_numel = sum(math.prod(ins.path_shape) for ins in self.instructions if ins.has_weight)
+        self.implementation = implementation
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        if self.internal_weights and self.weight_numel:
+            self.weight = torch.nn.Parameter(torch.randn(self.weight_numel, dtype=dtype))
+        else:
+            self.register_buffer("weight", torch.zeros(0, dtype=dtype), persistent=False)
+        self._make_plans(channels, dtype)
+
+    def _make_plans(self, channels, dtype) -> None:
+        """The plan with one channel (CPU) and the one with ``channels`` (default: the multiplicities'
+        greatest common divisor; CUDA), the same object when they coincide."""
+        divisor = divisor_of_multiplicities(self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions)
+        if channels is not None:
+            if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
+                raise ValueError(f"channels must be a positive int or None, got {channels!r}")
+            if divisor % channels:
+                raise ValueError(f"channels={channels} must divide {divisor}, the greatest common divisor of the "
+                                 "multiplicities the instructions use")
+        self.channels = divisor if channels is None else channels
+        args = (self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions)
+        self._channel_plan = make_plan(*args, self.channels)
+        self._row_plan = make_plan(*args, 1) if channels is None and self.channels > 1 else self._channel_plan
+        for name, plan in (("coefficients_channels", self._channel_plan), ("coefficients_rows", self._row_plan)):
+            self.register_buffer(name, torch.as_tensor(plan.coefficients, dtype=dtype), persistent=False)
+        self._graph_rule = channel_rule(self._channel_plan, self.irreps_in2.dim)
+
+    def _plan_for(self, device: torch.device):
+        """The row plan on CPU tensors (unless the Triton kernels are asked for), else the channel plan."""
+        name = backends.get_default_implementation() if self.implementation is None else self.implementation
+        if device.type == "cpu" and name != "triton":
+            return self._row_plan, self.coefficients_rows
+        return self._channel_plan, self.coefficients_channels
+
+    def rule_for(self, device):
+        """The :class:`~sparse_accumulation.Rule` that calls on ``device`` use (``None`` if nothing is computed)."""
+        return self._plan_for(torch.device(device))[0].rule
+
+    def __repr__(self) -> str:
+        paths = sum(math.prod(ins.path_shape) for ins in self.instructions)
+        return (f"{type(self).__name__}({self.irreps_in1.simplify()} x {self.irreps_in2.simplify()} -> "
+                f"{self.irreps_out.simplify()} | {paths} paths | {self.weight_numel} weights)")
+
+    def _get_weights(self, weight) -> Optional[torch.Tensor]:
+        if weight is None:
+            if self.weight_numel and not self.internal_weights:
+                raise WeightsMissingError("weight is required: this TensorProduct has no internal weights "
+                                          f"(give weight [..., {self.weight_numel}])")
+            return self.weight
+        if not isinstance(weight, torch.Tensor):
+            raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+        if self.shared_weights and tuple(weight.shape) != (self.weight_numel,):
+            raise InvalidArgumentError(f"weight must be [{self.weight_numel}] (shared weights), "
+                                       f"got shape {tuple(weight.shape)}")
+        if not self.shared_weights and (weight.dim() < 2 or weight.shape[-1] != self.weight_numel):
+            raise InvalidArgumentError(f"weight must be [..., {self.weight_numel}] with at least one batch dimension "
+                                       f"(shared_weights=False), got shape {tuple(weight.shape)}")
+        return weight
+
+    def weight_views(self, weight: Optional[torch.Tensor] = None, yield_instruction: bool = False):
+        """Views ``[..., *path_shape]`` of the weights of each weighted instruction, in order (as e3nn's).
+
+        With ``yield_instruction``, yields ``(index, instruction, view)``.
+        """
+        weight = self._get_weights(weight)
+        offset = 0
+        for index, ins in enumerate(self.instructions):
+            if ins.has_weight:
+                size = math.prod(ins.path_shape)
+                view = weight.narrow(-1, offset, size).unflatten(-1, ins.path_shape)
+                offset += size
+                yield (index, ins, view) if yield_instruction else view
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None, *,
+                indices_1=None, indices_2=None, indices_out=None, size_out: Optional[int] = None,
+                reduction: Optional[str] = None) -> torch.Tensor:
+        """``x[..., irreps_in1.dim]`` times ``y[..., irreps_in2.dim]`` -> ``[..., irreps_out.dim]``; with
+        cuEquivariance's keywords, message passing: ``out[indices_out[e]] += tp(x[indices_1[e]],
+        y[indices_2[e]], weight[e])`` for every edge ``e``, fused (no per-edge tensor is made).
+
+        Args:
+            x, y: floating tensors of one dtype and device in e3nn's layout; leading dimensions broadcast. With
+                indices: ``x [N1, irreps_in1.dim]`` and ``y [N2, irreps_in2.dim]`` (each gathered by its index
+                if given, else one row per edge).
+            weight: ``[weight_numel]`` (shared weights) or ``[..., weight_numel]`` (per-row weights, leading
+                dimensions broadcasting with the inputs'; with indices ``[edges, weight_numel]``); required
+                unless the weights are internal.
+            indices_1, indices_2: the row of x / y each edge reads (1-D integer tensors of one length, or
+                :class:`sparse_accumulation.Index` objects).
+            indices_out: the output row each edge adds to; ``size_out`` output rows (required with it).
+            reduction: ``"segment"`` (default, deterministic) or ``"atomic"`` (CUDA): how rows that several edges
+                add to are summed (see :func:`sparse_accumulation.accumulate_graph`).
+
+        Returns:
+            ``[..., irreps_out.dim]``, or with indices ``[size_out (or edges), irreps_out.dim]``.
+
+        Raises:
+            TypeError: non-tensor inputs or weights, dtypes that differ, non-integer indices.
+            InvalidArgumentError: last dimensions that do not match the irreps, weights of the wrong shape (a
+                ``ValueError`` and an ``AssertionError``, as e3nn's asserts).
+            WeightsMissingError: no weights and no internal weights (a ``RuntimeError``, as e3nn's, and a
+                ``ValueError``).
+            LeadingDimensionsError: leading dimensions that do not broadcast (a ``ValueError`` and a
+                ``RuntimeError``).
+            ValueError: with indices, index lengths that differ, ``size_out`` missing, inputs that are not 2-D.
+            IndexError: an index out of range (eager mode).
+        """
+        for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() < 1 or t.shape[-1] != dim:
+                raise InvalidArgumentError(f"{name} must be [..., {dim}], got shape {tuple(t.shape)}")
+        weight = self._get_weights(weight)
+        if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
+            weight = weight.to(x.dtype)
+        if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
+            return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+        lead = self._leading_shape(x, y, weight)
+        plan, C = self._plan_for(x.device)
+        if plan.rule is None:
+            return x.new_zeros(*lead, self._dims[2])
+        if plan.weights is None and not self.shared_weights and x.shape[:-1] != lead:
+            # per-row weights that no computed instruction reads still broadcast with the inputs, as in e3nn
+            x = x.expand(*lead, x.shape[-1])
+        if plan is self._channel_plan and x.device.type == "cuda":
+            return self._in_place(x, y, weight, lead)
+        X1 = gather(x, plan.x)
+        X2 = y.unsqueeze(-2) if plan.y is None else gather(y, plan.y)
+        W = None if plan.weights is None else gather_weights(weight, plan.weights)
+        out = accumulate_rule(X1, X2, plan.rule, C.to(x.dtype), W, implementation=self.implementation)
+        return scatter(out, plan.out)
+
+    def _leading_shape(self, x, y, weight) -> torch.Size:
+        """The broadcast leading dimensions of ``x``, ``y`` and per-row weights (as e3nn's, where weights no
+        instruction reads count too); raises :class:`LeadingDimensionsError` if they do not broadcast."""
+        shapes = [x.shape[:-1], y.shape[:-1]] + ([] if self.shared_weights else [weight.shape[:-1]])
+        try:
+            return torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            given = f"x {tuple(x.shape)}, y {tuple(y.shape)}" + ("" if self.shared_weights else
+                                                                 f", weight {tuple(weight.shape)}")
+            raise LeadingDimensionsError(f"the leading dimensions (all but the last) of {given} do not "
+                                         "broadcast") from None
+
+    def _weight_rows(self, weight: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """The weights as the W operand of the graph kernels: ``[rows, weight_numel]`` (one row when shared)."""
+        if self._graph_rule is None or not self._graph_rule.weighted:
+            return None
+        return weight.reshape(1, -1) if self.shared_weights else weight
+
+    def _in_place(self, x, y, weight, lead) -> torch.Tensor:
+        """The product of broadcasting e3nn-layout tensors (leading dimensions ``lead`` once broadcast) on the
+        graph kernels: one row per broadcast row, e3nn's tensors read and written in place."""
+        W = self._weight_rows(weight)
+
+        def rows(t):
+            if t.shape[:-1] == lead:
+                return t.reshape(-1, t.shape[-1])
+            if math.prod(t.shape[:-1]) == 1:
+                return t.reshape(1, t.shape[-1])
+            return t.expand(*lead, t.shape[-1]).reshape(-1, t.shape[-1])
+
+        operands = [rows(x), rows(y)] + ([] if W is None else [W if self.shared_weights else rows(W)])
+        out = self._message_passing(*operands[:2], operands[2] if W is not None else None, None, None, None, None,
+                                    None, weights_as_rows=True)
+        return out.view(*lead, self._dims[2])
+
+    def _message_passing(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction, *,
+                         weights_as_rows: bool = False) -> torch.Tensor:
+        from ..ops.graph.api import accumulate_graph
+
+        crule = self._graph_rule
+        W = weight if weights_as_rows else self._weight_rows(weight)
+        if crule is None:
+            if indices_out is not None and size_out is None:
+                raise ValueError("size_out is required with indices_out")
+            edges = next((len(i) for i in (indices_1, indices_2) if i is not None), x.shape[0])
+            return x.new_zeros(edges if indices_out is None else size_out, self._dims[2])
+        for name, t in (("x", x), ("y", y)):
+            if t.dim() != 2:
+                raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
+        return accumulate_graph(crule, x, y, self.coefficients_channels.to(x.dtype), W, indices_1=indices_1,
+                                indices_2=indices_2, indices_out=indices_out, size_out=size_out,
+                                implementation=self.implementation, reduction=reduction)

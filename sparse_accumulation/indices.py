@@ -1,0 +1,470 @@
+"""Prepared indices: every index tensor a call takes, checked and sorted once, and remembered under one policy.
+
+* :func:`prepare_rule`: the :class:`~sparse_accumulation.descriptors.rules.Rule` of the tensor API's ``m1, m2,
+  mu`` tensors (their values read once);
+* :class:`Index`: a graph's row index (``indices_1`` ... ``indices_out``), range-checked, with the segments
+  that sort it (:func:`segments`);
+* :class:`Elements`: the nodes' elements, sorted, cut into tiles of one element (MACE's polynomials);
+* :class:`Pairs`: the pair indices of the interaction sums, with the segments of each side.
+
+What is made from index tensors is found again on later calls with the same tensors. A :class:`Memory` holds
+it, keyed by the tensors' identity and version counters, for a bounded number of recent tensors:
+
+* identity through weak references: a freed tensor whose address is reused by another never hits;
+* version-aware: any in-place change through torch (``t[0] = 1``, ``t.copy_(...)``) bumps the version counter
+  and makes a new entry;
+* inference-safe: inference tensors (made under ``torch.inference_mode()``) have no version counter and may be
+  changed in place inside inference mode, so what is made from them is never remembered (made afresh each
+  call, with the same results);
+* capture-safe: nothing is remembered or found while a CUDA graph is being captured (the capture must record
+  the device work, or a replay would reuse what the index held at capture time), while ``torch.compile``
+  traces, or inside :func:`unremembered` (the bodies of registered ops that compiled graphs call: their
+  warm-up runs allocate from a CUDA graph's private memory pool, where a remembered tensor would outlive the
+  graph's outputs).
+
+Changes made behind torch's back (through a numpy view of a tensor's memory) are not noticed; call
+:func:`clear` after such a change.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .descriptors.rules import Rule
+
+_local = threading.local()
+_memories: "weakref.WeakSet[Memory]" = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def unremembered():
+    """Within this context (per thread), nothing is looked up in or added to any :class:`Memory`."""
+    depth = getattr(_local, "depth", 0)
+    _local.depth = depth + 1
+    try:
+        yield
+    finally:
+        _local.depth = depth
+
+
+def rememberable(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether what is made from ``tensors`` may be remembered now (see the module docstring)."""
+    if getattr(_local, "depth", 0) or torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if t.is_inference():
+            return False
+        if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return False
+    return True
+
+
+class Memory:
+    """Results made from index tensors, remembered for the ``size`` most recently used sets of tensors."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: "OrderedDict[tuple, tuple]" = OrderedDict()
+        self._lock = threading.Lock()
+        _memories.add(self)
+
+    def get(self, tensors: Sequence[torch.Tensor], extra: tuple, make: Callable[[], object]):
+        """``make()``, or what it returned for the same, unchanged ``tensors`` and equal ``extra`` (hashable)."""
+        if not rememberable(tensors):
+            return make()
+        key = tuple((id(t), t._version) for t in tensors) + tuple(extra)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
+                self._entries.move_to_end(key)
+                return hit[1]
+        value = make()
+        with self._lock:
+            self._entries[key] = (tuple(weakref.ref(t) for t in tensors), value)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def clear() -> None:
+    """Forget everything every :class:`Memory` holds (after index tensors were changed behind torch's back)."""
+    for memory in list(_memories):
+        memory.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# index tensors
+
+
+def check_index_tensor(name: str, t) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``t`` is a 1-D integer tensor (no value checks)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+
+
+_prepared_rules = Memory(512)
+
+
+def prepare_rule(m1: torch.Tensor, m2: torch.Tensor, mu: torch.Tensor, M1: int, M2: int,
+                 output_size: int, w: torch.Tensor | None = None, weight_size: int | None = None) -> Rule:
+    """The :class:`Rule` of index tensors, checked against the sizes they address (remembered per tensor).
+
+    Reads the index values on the first call for a set of tensors (a device-to-host copy for CUDA tensors);
+    later calls with the same, unmodified tensors find the rule again (never for inference tensors, whose
+    values are read on every call).
+
+    Args:
+        m1, m2, mu (, w): 1-D integer tensors of equal length, on any device.
+        M1, M2, output_size (, weight_size): sizes of the active dimensions of X1, X2, the output (and W).
+
+    Raises:
+        IndexError: an index is negative or not below the size it addresses.
+        ValueError: the arrays are not 1-D or differ in length.
+        TypeError: an index tensor is not of an integer dtype.
+    """
+    tensors = (m1, m2, mu) if w is None else (m1, m2, mu, w)
+
+    def make():
+        try:
+            return Rule(m1, m2, mu, output_size, input_sizes=(M1, M2), w=w, weight_size=weight_size)
+        except IndexError as error:  # name the sizes as the tensor API's caller knows them
+            message = str(error).replace("for M1=", "for X1.shape[-1]=").replace("for M2=", "for X2.shape[-1]=")
+            raise IndexError(message) from None
+
+    return _prepared_rules.get(tensors, (M1, M2, output_size, weight_size), make)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# graph rows
+
+
+def segments(index: torch.Tensor, size: int) -> tuple:
+    """``(offsets, order)``: ``order`` sorts the edges by ``index`` (stable), and the edges of row ``r`` are
+    ``order[offsets[r]:offsets[r + 1]]``; values outside ``[0, size)`` lie in no row. Device operations only
+    (no synchronisation)."""
+    values, order = torch.sort(index, stable=True)
+    boundaries = torch.arange(size + 1, device=index.device, dtype=values.dtype)
+    return torch.searchsorted(values, boundaries), order
+
+
+def check_size(name: str, value) -> int:
+    """``value`` if it is a non-negative int (a ``SymInt`` while compiling), else ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+class Index:
+    """A row index prepared once for message passing: checked, and sorted once.
+
+    Args:
+        index: 1-D integer tensor (any integer dtype, any device): the row each edge reads or adds to.
+        size: number of rows it addresses (``0 <= index < size``).
+        sorted: True: ``index`` must be non-decreasing (checked with ``check``; a ValueError if it is not);
+            False: make the sorting permutation even for sorted values; None (default): whether the checked
+            values are non-decreasing. Segments skip the permutation only for values checked to be sorted.
+        check: read the values (one synchronisation on CUDA) to check their range and order (default True).
+            Without it nothing is read: rows out of range are skipped by the kernels, and the index is sorted
+            on the device.
+
+    Attributes:
+        tensor: the index as a contiguous int64 tensor; ``size``; ``sorted``.
+
+    Raises:
+        TypeError: ``index`` is not an integer tensor.
+        ValueError: ``index`` is not 1-D, ``size`` is not a non-negative int, ``sorted=True`` for values that are
+            not non-decreasing (with ``check``).
+        IndexError: a value is negative or not below ``size`` (with ``check``).
+    """
+
+    def __init__(self, index: torch.Tensor, size: int, *, sorted: Optional[bool] = None, check: bool = True):
+        check_index_tensor("index", index)
+        self.size = check_size("size", size)
+        self.tensor = index.to(torch.int64).contiguous()
+        ordered = False
+        if check:
+            ordered = True
+            if self.tensor.numel():
+                low, high, ordered = _summary(self.tensor)
+                if low < 0:
+                    raise IndexError(f"index contains a negative row ({low}); rows must lie in [0, {size})")
+                if high >= size:
+                    raise IndexError(f"index contains row {high}, out of range for size {size}")
+            if sorted and not ordered:
+                raise ValueError("index is not sorted (non-decreasing), but sorted=True was given")
+        # unchecked values may be in any order: only a verified order lets the segments skip the permutation
+        self.sorted = ordered and sorted is not False
+        self._version = None if self.tensor.is_inference() else self.tensor._version
+        self._segments = None
+
+    def __len__(self) -> int:
+        return self.tensor.shape[0]
+
+    def __repr__(self) -> str:
+        return f"Index(edges={len(self)}, size={self.size}, sorted={self.sorted})"
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensor.device
+
+    def check_unchanged(self, name: str = "index") -> None:
+        """Raise ``ValueError`` if the index tensor was changed in place since this Index was made (what was
+        checked and sorted would no longer hold)."""
+        if self._version is not None and self.tensor._version != self._version:
+            raise ValueError(f"{name}: the index tensor was changed in place after its Index was made; make a new "
+                             "Index")
+
+    def segments(self) -> tuple:
+        """``(offsets, order)``: the edges of row ``r`` are ``order[offsets[r]:offsets[r + 1]]`` (``order`` None
+        when the index is sorted); made once, on the device."""
+        if self._segments is None:
+            if self.sorted:
+                boundaries = torch.arange(self.size + 1, device=self.device, dtype=torch.int64)
+                self._segments = (torch.searchsorted(self.tensor, boundaries), None)
+            else:
+                self._segments = segments(self.tensor, self.size)
+        return self._segments
+
+
+def _summary(t: torch.Tensor) -> tuple:
+    """``(min, max, non-decreasing)`` of a non-empty index tensor, in one transfer."""
+    ordered = (t[1:] >= t[:-1]).all() if t.shape[0] > 1 else torch.ones((), dtype=torch.bool, device=t.device)
+    values = torch.stack([t.min(), t.max(), ordered.to(torch.int64)]).tolist()
+    return values[0], values[1], bool(values[2])
+
+
+_prepared_indices = Memory(256)
+
+
+def prepared_index(name: str, t: torch.Tensor, size: int) -> Index:
+    """The :class:`Index` of an index tensor ``name``, checked on its first use and found again while ``t`` is
+    unchanged (and made afresh, unchecked, while a CUDA graph is captured: nothing may be read then)."""
+    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return Index(t, size, check=False)
+
+    def make():
+        try:
+            return Index(t, size)
+        except IndexError as error:
+            raise IndexError(str(error).replace("index contains", f"{name} contains", 1)) from None
+
+    return _prepared_indices.get((t,), (size,), make)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# elements
+
+
+class Elements:
+    """The elements of ``N`` nodes, sorted once.
+
+    The polynomial kernels visit the nodes in the order of their elements, in tiles that each hold nodes of
+    one element only: a tile reads its element's weights once, and sums an element output over its rows
+    without atomics. Everything is made with device operations of static shapes (no synchronisation, no graph
+    break under ``torch.compile``); only the optional check reads values.
+
+    Args:
+        elements: 1-D integer tensor ``[N]``: the element of every node (any integer dtype, any device).
+        num_elements: number of elements ``E`` (``0 <= elements < E``).
+        check: read the values (one synchronisation on CUDA) to check their range (default True).
+
+    Attributes:
+        tensor: the elements as a contiguous int64 tensor; ``order``: the nodes sorted by element (stable);
+        ``starts``: ``[E + 1]`` offsets in ``order`` of each element's nodes; ``num_elements``.
+
+    Raises:
+        TypeError: ``elements`` is not an integer tensor.
+        ValueError: ``elements`` is not 1-D, ``num_elements`` is not a positive int.
+        IndexError: an element out of ``[0, num_elements)`` (with ``check``).
+    """
+
+    def __init__(self, elements: torch.Tensor, num_elements: int, *, check: bool = True):
+        check_index_tensor("elements", elements)
+        if isinstance(num_elements, bool) or not isinstance(num_elements, int) or num_elements < 1:
+            raise ValueError(f"num_elements must be a positive int, got {num_elements!r}")
+        self.num_elements = num_elements
+        self.tensor = elements.to(torch.int64).contiguous()
+        if check and self.tensor.numel():
+            low, high = torch.stack([self.tensor.min(), self.tensor.max()]).tolist()
+            if low < 0 or high >= num_elements:
+                raise IndexError(f"elements contains {low if low < 0 else high}, out of range for "
+                                 f"num_elements={num_elements}")
+        ordered, self.order = torch.sort(self.tensor, stable=True)
+        # static shapes (no bincount, whose output size depends on the values): compiled graphs stay whole
+        bounds = torch.arange(num_elements + 1, device=self.tensor.device, dtype=torch.int64)
+        self.starts = torch.searchsorted(ordered, bounds)
+        self._tiles = {}
+
+    @classmethod
+    def from_tensors(cls, elements: torch.Tensor, order: torch.Tensor, starts: torch.Tensor) -> "Elements":
+        """Elements from tensors made by another :class:`Elements` (no check, nothing recomputed)."""
+        self = object.__new__(cls)
+        self.tensor, self.order, self.starts = elements, order, starts
+        self.num_elements = starts.shape[0] - 1
+        self._tiles = {}
+        return self
+
+    def __len__(self) -> int:
+        return self.tensor.shape[0]
+
+    def __repr__(self) -> str:
+        return f"Elements(nodes={len(self)}, num_elements={self.num_elements})"
+
+    @property
+    def device(self) -> torch.device:
+        return self.tensor.device
+
+    def tiles(self, rows: int) -> tuple:
+        """``(table, offsets)`` of tiles of at most ``rows`` nodes of one element: ``table [3, T]`` int64 holds
+        each tile's element and its ``[start, end)`` positions in :attr:`order`; the tiles of element ``e`` are
+        ``offsets[e] .. offsets[e + 1]`` (``[E + 1]``). ``T = ceil(N / rows) + E`` bounds the tile count
+        without reading it; tiles past ``offsets[E]`` are empty (element 0, ``start == end == 0``). Made once
+        per ``rows``."""
+        found = self._tiles.get(rows)
+        if found is None:
+            found = self._tiles[rows] = _tiles(self.starts, len(self), rows)
+        return found
+
+
+def _tiles(starts: torch.Tensor, nodes: int, rows: int) -> tuple:
+    E = starts.shape[0] - 1
+    counts = starts[1:] - starts[:-1]
+    per = torch.div(counts + (rows - 1), rows, rounding_mode="floor")
+    offsets = torch.cat([per.new_zeros(1), torch.cumsum(per, 0)])
+    total = -(-nodes // rows) + E
+    t = torch.arange(total, device=starts.device, dtype=torch.int64)
+    element = torch.searchsorted(offsets[1:], t, right=True)
+    valid = element < E
+    element = element.clamp(max=E - 1)
+    start = starts[element] + (t - offsets[element]) * rows
+    end = torch.minimum(start + rows, starts[element + 1])
+    zero = torch.zeros_like(t)
+    table = torch.stack([torch.where(valid, element, zero), torch.where(valid, start, zero),
+                         torch.where(valid, end, zero)])
+    return table, offsets
+
+
+# ----------------------------------------------------------------------------------------------------------
+# pairs
+
+#: pair index tensors whose check and segments are remembered
+PAIR_CACHE_SIZE = 8
+_pair_entries = Memory(PAIR_CACHE_SIZE)
+_pairs_in_order = Memory(PAIR_CACHE_SIZE)
+
+
+class PairIndex:
+    """One pair index tensor (``pair_first`` or ``pair_second``) against ``n_atoms``: its range check and its
+    segments, each made on first use.
+
+    Segments: ``order``, the pairs sorted stably by atom (the pairs of one atom keep their order, so segmented
+    sums run in a fixed order), and ``offsets`` (``n_atoms + 1``), the pairs of atom ``a`` being
+    ``order[offsets[a]:offsets[a + 1]]``. On the CPU the values are checked (``IndexError`` naming the argument)
+    and counting-sorted by numba; elsewhere with device operations only, the check a ``torch._assert_async``
+    (surfacing at a later synchronisation, as torch's own indexing errors do) and pairs out of range in no
+    segment."""
+
+    def __init__(self, key: torch.Tensor, n_atoms: int):
+        self.key = key
+        self.n_atoms = n_atoms
+        self._checked = False
+        self._segments = None
+        self._long = None
+
+    def long(self) -> torch.Tensor:
+        """The key as a contiguous int64 tensor."""
+        if self._long is None:
+            self._long = self.key.to(torch.int64).contiguous()
+        return self._long
+
+    def check(self, name: str) -> None:
+        """Check every value is in ``[0, n_atoms)``: on the CPU now (``IndexError`` naming ``name``), elsewhere
+        with an asynchronous device-side assertion."""
+        if self._checked:
+            return
+        if self.key.device.type == "cpu":
+            _numba_tools().check_range(self.long(), self.n_atoms, name)
+        elif self.key.numel():
+            key = self.long()
+            inside = (key.min() >= 0) & (key.max() < self.n_atoms)
+            torch._assert_async(inside, f"{name} holds an atom index outside [0, {self.n_atoms})")
+        self._checked = True
+
+    def segments(self, name: str) -> tuple:
+        """``(order, offsets)`` (see the class), the values checked first (:meth:`check`)."""
+        self.check(name)
+        if self._segments is None:
+            if self.key.device.type == "cpu":
+                self._segments = _numba_tools().counting_sort(self.long(), self.n_atoms)
+            else:
+                offsets, order = segments(self.long(), self.n_atoms)
+                self._segments = order, offsets
+        return self._segments
+
+
+def _numba_tools():
+    from .kernels.numba import indices
+
+    return indices
+
+
+def pair_index(key: torch.Tensor, n_atoms: int) -> PairIndex:
+    """The :class:`PairIndex` of ``key`` against ``n_atoms``, remembered while ``key`` is unchanged."""
+    return _pair_entries.get((key,), (n_atoms,), lambda: PairIndex(key, n_atoms))
+
+
+class Pairs:
+    """The pairs of an interaction sum (``pair_first``, ``pair_second``: 1-D integer tensors of one length, one
+    atom per pair, on the data's device) against ``n_atoms``, prepared for the kernels on demand and
+    remembered per index tensor (a forward and its backward sort each index once)."""
+
+    def __init__(self, pair_first: torch.Tensor, pair_second: torch.Tensor, n_atoms: int):
+        self.first, self.second, self.n_atoms = pair_first, pair_second, n_atoms
+
+    def __len__(self) -> int:
+        return self.first.shape[0]
+
+    def checked(self) -> tuple:
+        """``(pair_first, pair_second)`` as they are, both checked against ``n_atoms``."""
+        for name, key in (("pair_first", self.first), ("pair_second", self.second)):
+            pair_index(key, self.n_atoms).check(name)
+        return self.first, self.second
+
+    def by_first(self, other_in_order: bool = False) -> tuple:
+        """``(order, offsets, second)``: the segments of ``pair_first`` and ``pair_second`` as int64, both
+        checked; with ``other_in_order``, ``second[order]`` (a kernel then reads a pair's other atom beside the
+        pair instead of through it; remembered for the two tensors)."""
+        return _by(self.first, "pair_first", self.second, "pair_second", self.n_atoms, other_in_order)
+
+    def by_second(self, other_in_order: bool = False) -> tuple:
+        """``(order, offsets, first)``: as :meth:`by_first`, by ``pair_second``."""
+        return _by(self.second, "pair_second", self.first, "pair_first", self.n_atoms, other_in_order)
+
+
+def _by(by, by_name: str, other, other_name: str, n_atoms: int, other_in_order: bool) -> tuple:
+    def make():
+        order, offsets = pair_index(by, n_atoms).segments(by_name)
+        entry = pair_index(other, n_atoms)
+        entry.check(other_name)
+        return order, offsets, entry.long()[order] if other_in_order else entry.long()
+
+    if not other_in_order:
+        return make()
+    return _pairs_in_order.get((by, other), (by_name, other_name, n_atoms), make)

@@ -1,0 +1,48 @@
+"""Index tools on the CPU with numba: the range check and the counting sort of a pair index
+(:class:`sparse_accumulation.indices.PairIndex` calls them for CPU tensors)."""
+from __future__ import annotations
+
+import numba
+import torch
+
+
+@numba.njit(cache=True, nogil=True)
+def _counting_sort(key, n, order, offsets):
+    """``order``: positions of ``key`` sorted stably by value (values in ``[0, n)``); ``offsets[a]``: where the
+    positions of value ``a`` start (``n + 1`` entries)."""
+    for a in range(n + 1):
+        offsets[a] = 0
+    for p in range(key.shape[0]):
+        offsets[key[p] + 1] += 1
+    for a in range(n):
+        offsets[a + 1] += offsets[a]
+    cursor = offsets[:n].copy()
+    for p in range(key.shape[0]):
+        k = key[p]
+        order[cursor[k]] = p
+        cursor[k] += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_outside(key, n):
+    for p in range(key.shape[0]):
+        if key[p] < 0 or key[p] >= n:
+            return p
+    return -1
+
+
+def check_range(key: torch.Tensor, n_atoms: int, name: str) -> None:
+    """Raise ``IndexError`` naming ``name`` unless every value of the int64 CPU tensor ``key`` is in
+    ``[0, n_atoms)``."""
+    position = _first_outside(key.numpy(), n_atoms)
+    if position >= 0:
+        raise IndexError(f"{name} must hold atom indices in [0, {n_atoms}) (n_atoms from the atom dimension), "
+                         f"got {name}[{position}] = {int(key[position])}")
+
+
+def counting_sort(key: torch.Tensor, n_atoms: int) -> tuple:
+    """``(order, offsets)`` of an int64 CPU tensor with values in ``[0, n_atoms)`` (see :class:`sparse_accumulation.indices.PairIndex`)."""
+    order = torch.empty(key.shape[0], dtype=torch.int64)
+    offsets = torch.empty(n_atoms + 1, dtype=torch.int64)
+    _counting_sort(key.numpy(), n_atoms, order.numpy(), offsets.numpy())
+    return order, offsets

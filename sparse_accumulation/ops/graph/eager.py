@@ -1,0 +1,48 @@
+"""The eager path of the graph ops: the same kernels and gradients as the registered ops, without the
+dispatcher (its argument handling costs hundreds of microseconds per call of these many-argument ops)."""
+from __future__ import annotations
+
+import torch
+
+from ... import backends
+from . import derivatives, registered
+
+
+class _EagerAccumulate(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation,
+                reduction):
+        ctx.set_materialize_grads(False)
+        derivatives.save(ctx, (X1, X2, W, T), C, indices, offsets, orders)
+        ctx.args = (crule, list(outputs), list(rows), edges, implementation, reduction)
+        kernels = backends.kernel_module("graph", implementation)
+        return tuple(registered.run(kernels, [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows,
+                                    edges, reduction, False))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return derivatives.accumulate_gradients(ctx, grads, _eager_accumulate, _EagerSums.apply) + (None,) * 9
+
+
+def _eager_accumulate(*args):
+    return _EagerAccumulate.apply(*args)
+
+
+class _EagerSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X1, X2, W, T, indices, crule, edges, implementation):
+        derivatives.save(ctx, (X1, X2, W, T), None, indices, [None] * 4, [None] * 4)
+        ctx.args = (crule, edges, implementation)
+        return registered.coefficient_sums(X1, X2, W, T, indices, crule, edges)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (*derivatives.sum_gradients(ctx, grad, _eager_accumulate),) + (None,) * 4
+
+
+def accumulate(X1, X2, W, T, C, indices, offsets, orders, crule: str, outputs, rows, edges: int,
+               implementation: str, reduction: str) -> list:
+    """The outputs of :func:`~.registered.graph_accumulate` through the eager path, for a resolved
+    ``implementation``."""
+    return list(_EagerAccumulate.apply(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                                       implementation, reduction))

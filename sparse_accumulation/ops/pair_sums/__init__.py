@@ -1,0 +1,1 @@
+"""Pair sums: HIP-NN's interaction sums ``envsum``, ``sensesum`` and ``featsum`` over the pairs of atoms."""

@@ -1,0 +1,1 @@
+"""Element-weighted polynomials (MACE's symmetric contraction): the outputs of a program."""
