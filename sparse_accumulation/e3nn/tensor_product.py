@@ -47,6 +47,7 @@ SUPPORTED_MODES = ("uuu", "uvu")
 #: the modes e3nn knows (the others raise ``NotImplementedError`` here)
 E3NN_MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw")
 IRREP_NORMALIZATIONS = ("component", "norm", "none")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 PATH_NORMALIZATIONS = ("element", "path", "none")
 
 
@@ -409,7 +410,9 @@ class TensorProduct(torch.nn.Module):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() < 1 or t.shape[-1] != dim:
                 raise InvalidArgumentError(f"{name} must be [..., {dim}], got shape {tuple(t.shape)}")
+        given_weight = weight is not None
         weight = self._get_weights(weight)
+        self._check_data(x, y, weight if given_weight else None)
         if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
             weight = weight.to(x.dtype)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
@@ -428,6 +431,24 @@ class TensorProduct(torch.nn.Module):
         W = None if plan.weights is None else gather_weights(weight, plan.weights)
         out = accumulate_rule(X1, X2, plan.rule, C.to(x.dtype), W, implementation=self.implementation)
         return scatter(out, plan.out)
+
+    def _check_data(self, x, y, weight) -> None:
+        """Raise, in the caller's words, for data of other floating dtypes or devices than ``x``, or a module
+        whose tensors are on another device than the data."""
+        if x.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"x must have a floating dtype (float16, bfloat16, float32 or float64), got {x.dtype}")
+        for name, t in (("y", y), ("weight", weight)):
+            if t is None:
+                continue
+            if t.dtype != x.dtype:
+                raise TypeError(f"{name} has dtype {t.dtype} but x has dtype {x.dtype}; they must match")
+            if t.device != x.device:
+                raise ValueError(f"{name} is on {t.device} but x is on {x.device}; all tensors must be on one "
+                                 "device")
+        held = self.coefficients_rows.device
+        if held != x.device:
+            raise ValueError(f"this TensorProduct's tensors are on {held} but x is on {x.device}: move the module "
+                             f"to the data's device (tp.to({str(x.device)!r}))")
 
     def _leading_shape(self, x, y, weight) -> torch.Size:
         """The broadcast leading dimensions of ``x``, ``y`` and per-row weights (as e3nn's, where weights no

@@ -377,3 +377,29 @@ def test_torch_compile_fullgraph(generator, layout):
     grads = torch.autograd.grad(out.pow(2).sum(), (x, y, weight))
     for a, b in zip(grads, torch.autograd.grad(expected.pow(2).sum(), (x, y, weight))):
         assert relative_error(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("indices", [False, True], ids=["rows", "message passing"])
+def test_errors_name_the_callers_arguments(generator, indices):
+    """A dtype or device that does not fit is reported with the names the caller used (x, y, weight, the
+    module), whichever path the call takes."""
+    tp = TensorProduct("4x0e + 4x1o", "0e + 1o", "4x0e + 4x1o",
+                       [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True), (1, 0, 1, "uvu", True)],
+                       shared_weights=False, internal_weights=False)
+    nodes, edges = 5, 9
+    x = torch.randn(nodes if indices else edges, 16, generator=generator, dtype=torch.float64)
+    y = torch.randn(edges, 4, generator=generator, dtype=torch.float64)
+    w = torch.randn(edges, tp.weight_numel, generator=generator, dtype=torch.float64)
+    keywords = {"indices_1": torch.randint(0, nodes, (edges,), generator=generator),
+                "indices_out": torch.randint(0, nodes, (edges,), generator=generator), "size_out": nodes} \
+        if indices else {}
+    assert tp(x, y, w, **keywords).dtype == torch.float64  # float32 buffers follow the data's dtype
+    with pytest.raises(TypeError, match=r"weight has dtype torch.float32 but x has dtype torch.float64"):
+        tp(x, y, w.float(), **keywords)
+    with pytest.raises(TypeError, match=r"y has dtype torch.float32 but x has dtype torch.float64"):
+        tp(x, y.float(), w, **keywords)
+    with pytest.raises(ValueError, match=r"weight is on meta but x is on cpu"):
+        tp(x, y, w.to("meta"), **keywords)
+    with pytest.raises(ValueError, match=r"this TensorProduct's tensors are on cpu but x is on meta: move the "
+                                         r"module to the data's device \(tp.to\('meta'\)\)"):
+        tp(x.to("meta"), y.to("meta"), w.to("meta"), **keywords)
