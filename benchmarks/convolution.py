@@ -52,12 +52,13 @@ MODES = ("fwd", "fwd+bwd", "double")
 VARIANTS = ("e3nn", "unfused", "fused", "fused-atomic", "fused-by-output", "cueq", "product")
 
 
-def layer_irreps(channels: int):
-    """``(irreps_in1, irreps_in2, irreps_out, instructions)``: every "uvu" path into its own output irrep."""
+def layer_irreps(spec: tuple):
+    """``(irreps_in1, irreps_in2, irreps_out, instructions)`` of ``spec = (node irreps, harmonics lmax)``:
+    every "uvu" path into its own output irrep."""
     from e3nn import o3
 
-    in1 = o3.Irreps(f"{channels}x0e + {channels}x1o + {channels}x2e")
-    in2 = o3.Irreps("0e + 1o + 2e + 3o")
+    in1 = o3.Irreps(spec[0])
+    in2 = o3.Irreps.spherical_harmonics(spec[1])
     kept = o3.Irreps("0e + 1o + 2e")
     out, instructions = [], []
     for i1, (mul, ir1) in enumerate(in1):
@@ -69,11 +70,11 @@ def layer_irreps(channels: int):
     return in1, in2, o3.Irreps(out), instructions
 
 
-def make_modules(channels: int, dtype, device):
+def make_modules(spec: tuple, dtype, device):
     """``(e3nn's TensorProduct, ours)`` on ``device`` in ``dtype`` (coefficients made in float64)."""
     from e3nn import o3
 
-    in1, in2, out, instructions = layer_irreps(channels)
+    in1, in2, out, instructions = layer_irreps(spec)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -84,14 +85,14 @@ def make_modules(channels: int, dtype, device):
     return theirs.to(device=device, dtype=dtype), ours.to(device=device, dtype=dtype)
 
 
-def make_cueq(channels: int, dtype, device):
+def make_cueq(spec: tuple, dtype, device):
     """cuEquivariance's channel-wise product of the same irreps (None when it is not importable)."""
     try:
         import cuequivariance as cue
         import cuequivariance_torch as cuet
     except Exception:
         return None
-    in1, in2, out, _ = layer_irreps(channels)
+    in1, in2, out, _ = layer_irreps(spec)
     return cuet.ChannelWiseTensorProduct(cue.Irreps("O3", str(in1)), cue.Irreps("O3", str(in2)),
                                          [cue.O3(ir.l, ir.p) for _, ir in out], layout=cue.mul_ir,
                                          shared_weights=False, internal_weights=False, device=device, dtype=dtype)
@@ -214,9 +215,9 @@ def time_step(step, device, repeats: int, max_seconds: float) -> float:
     return statistics.median(samples)
 
 
-def check(channels: int, variants, device) -> float:
+def check(spec: tuple, variants, device) -> float:
     """The largest relative error of our variants against e3nn in float64 (values, dx, dY, dW), small graph."""
-    theirs, ours = make_modules(channels, torch.float64, device)
+    theirs, ours = make_modules(spec, torch.float64, device)
     generator = torch.Generator().manual_seed(1)
     nodes, edges = 30, 400
     src = torch.randint(0, nodes, (edges,), generator=generator).to(device)
@@ -261,7 +262,10 @@ def main(argv=None):
                         help="edge and node counts, pairs (default: the device's sizes)")
     parser.add_argument("--variants", default=None, help=f"comma-separated, from {', '.join(VARIANTS)}")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
-    parser.add_argument("--channels", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=32, help="multiplicity of the default node irreps")
+    parser.add_argument("--irreps", default=None,
+                        help="node irreps (default: Cx0e + Cx1o + Cx2e with C = --channels)")
+    parser.add_argument("--sh-lmax", type=int, default=3, help="degree of the edges' spherical harmonics")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--max-seconds", type=float, default=30.0)
@@ -281,15 +285,17 @@ def main(argv=None):
     modes = args.modes.split(",")
     e3nn_max = args.e3nn_max_edges or (float("inf") if device.type == "cuda" else 1e5)
 
-    theirs, ours = make_modules(args.channels, dtype, device)
-    cueq = make_cueq(args.channels, dtype, device) if "cueq" in variants and device.type == "cuda" else None
+    c = args.channels
+    spec = (args.irreps or f"{c}x0e + {c}x1o + {c}x2e", args.sh_lmax)
+    theirs, ours = make_modules(spec, dtype, device)
+    cueq = make_cueq(spec, dtype, device) if "cueq" in variants and device.type == "cuda" else None
     if cueq is None:
         variants = [v for v in variants if v != "cueq"]
-    error = check(args.channels, variants, device)
+    error = check(spec, variants, device)
     assert error < 1e-10, f"a variant differs from e3nn by {error:.3g} (float64)"
     meta = {"command": "python benchmarks/convolution.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
-            "versions": versions(), "dtype": args.dtype, "channels": args.channels,
+            "versions": versions(), "dtype": args.dtype, "irreps": spec[0], "sh_lmax": spec[1],
             "out_dim": theirs.irreps_out.dim, "weight_numel": theirs.weight_numel, "check_float64": error}
     print(json.dumps(meta), flush=True)
     rows = []
@@ -301,7 +307,7 @@ def main(argv=None):
         def randn(*shape):
             return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
 
-        x, Y, W = randn(nodes, theirs.irreps_in1.dim), randn(edges, 16), randn(edges, theirs.weight_numel)
+        x, Y, W = randn(nodes, theirs.irreps_in1.dim), randn(edges, theirs.irreps_in2.dim), randn(edges, theirs.weight_numel)
         G = randn(nodes, theirs.irreps_out.dim)
         outputs = {}
         for variant in variants:

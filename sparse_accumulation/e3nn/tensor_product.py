@@ -48,6 +48,9 @@ SUPPORTED_MODES = ("uuu", "uvu")
 E3NN_MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw")
 IRREP_NORMALIZATIONS = ("component", "norm", "none")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: channels of the channel plan from which message passing on the CPU runs fused (below: per edge, faster there;
+#: measured with benchmarks/convolution.py at 2*10^4 edges, see benchmarks/RESULTS.md)
+FUSED_MIN_CHANNELS = 16
 PATH_NORMALIZATIONS = ("element", "path", "none")
 
 
@@ -416,6 +419,8 @@ class TensorProduct(torch.nn.Module):
         if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
             weight = weight.to(x.dtype)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
+            if self._per_edge_on(x.device):
+                return self._per_edge(x, y, weight, indices_1, indices_2, indices_out, size_out)
             return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
         lead = self._leading_shape(x, y, weight)
         plan, C = self._plan_for(x.device)
@@ -484,6 +489,26 @@ class TensorProduct(torch.nn.Module):
         out = self._message_passing(*operands[:2], operands[2] if W is not None else None, None, None, None, None,
                                     None, weights_as_rows=True)
         return out.view(*lead, self._dims[2])
+
+    def _per_edge_on(self, device: torch.device) -> bool:
+        """Whether message passing runs per edge here: on the CPU's numba kernels, where a channel plan of fewer
+        than :data:`FUSED_MIN_CHANNELS` channels makes the fused graph kernels slower than the row kernels on
+        gathered rows followed by a sum by destination."""
+        if device.type != "cpu" or self.channels >= FUSED_MIN_CHANNELS:
+            return False
+        name = backends.get_default_implementation() if self.implementation is None else self.implementation
+        return backends.resolved(name, device) == "numba"
+
+    def _per_edge(self, x, y, weight, indices_1, indices_2, indices_out, size_out) -> torch.Tensor:
+        """Message passing as the product of the gathered rows, then their sum by ``indices_out``: indices
+        checked as the fused path checks them (by name), the per-edge messages made."""
+        from ..ops.graph.api import message_indices
+
+        x_rows, y_rows, out_rows = message_indices(x, y, indices_1, indices_2, indices_out, size_out)
+        messages = self.forward(x if x_rows is None else x[x_rows], y if y_rows is None else y[y_rows], weight)
+        if out_rows is None:
+            return messages
+        return messages.new_zeros(size_out, messages.shape[-1]).index_add(0, out_rows, messages)
 
     def _message_passing(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction, *,
                          weights_as_rows: bool = False) -> torch.Tensor:

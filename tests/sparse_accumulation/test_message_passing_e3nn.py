@@ -23,6 +23,16 @@ _interpreter = interpreted.module_fixture()
 CHANNELS = 2
 
 
+@pytest.fixture(params=["fused", "per edge"])
+def schedule(request, monkeypatch):
+    """On the CPU's numba kernels, message passing runs fused or per edge (the gathered rows' product, summed by
+    destination) by the channel count; each test runs both."""
+    from sparse_accumulation.e3nn import tensor_product
+
+    monkeypatch.setattr(tensor_product, "FUSED_MIN_CHANNELS", 0 if request.param == "fused" else 1 << 30)
+    return request.param
+
+
 def _modules(dtype, implementation, shared_weights=False):
     """e3nn's product and ours: a NequIP interaction, every "uvu" path into its own output irrep."""
     in1 = o3.Irreps(f"{CHANNELS}x0e + {CHANNELS}x1o + {CHANNELS}x2e")
@@ -58,7 +68,9 @@ def _relative(a, b):
 @pytest.mark.parametrize("implementation,dtype", [
     ("numba", torch.float64), ("triton", torch.float32),
     pytest.param("triton", torch.float64, marks=pytest.mark.slow)])
-def test_message_passing_matches_e3nn_to_second_order(generator, implementation, dtype):
+def test_message_passing_matches_e3nn_to_second_order(generator, implementation, dtype, schedule):
+    if implementation == "triton" and schedule == "per edge":
+        pytest.skip("the per-edge schedule is the CPU's numba kernels'")
     device = interpreted.DEVICE if implementation == "triton" else "cpu"
     theirs, ours = _modules(dtype, implementation)
     theirs, ours = theirs.to(device), ours.to(device)
@@ -87,7 +99,7 @@ def test_message_passing_matches_e3nn_to_second_order(generator, implementation,
 
 
 @pytest.mark.parametrize("form", ["gather y", "no scatter", "prepared", "shared weights"])
-def test_keyword_forms(generator, form):
+def test_keyword_forms(generator, form, schedule):
     theirs, ours = _modules(torch.float64, "numba", shared_weights=form == "shared weights")
     nodes, edges = 5, 17
     src, dst = _graph(generator, nodes, edges, "cpu")
@@ -112,7 +124,7 @@ def test_keyword_forms(generator, form):
     assert _relative(got, expected) < 1e-12
 
 
-def test_bad_keywords_raise_clear_errors(generator):
+def test_bad_keywords_raise_clear_errors(generator, schedule):
     theirs, ours = _modules(torch.float64, "numba")
     x = torch.randn(5, theirs.irreps_in1.dim, dtype=torch.float64)
     Y, W = torch.randn(7, 16, dtype=torch.float64), torch.randn(7, theirs.weight_numel, dtype=torch.float64)
@@ -127,3 +139,30 @@ def test_bad_keywords_raise_clear_errors(generator):
         ours(x[None], Y, W, indices_1=src, indices_out=dst, size_out=5)
     with pytest.raises(TypeError, match="indices_out must have an integer dtype"):
         ours(x, Y, W, indices_1=src, indices_out=dst.float(), size_out=5)
+    with pytest.raises(ValueError, match="without indices_out the output has one row per edge"):
+        ours(x, Y, W, indices_1=src, size_out=5)
+    with pytest.raises(ValueError, match="indices_out has 6 entries but indices_1 has 7"):
+        ours(x, Y, W, indices_1=src, indices_out=dst[:6], size_out=5)
+
+
+def test_the_schedule_follows_the_channel_count(monkeypatch):
+    """Small channel plans run per edge on the numba kernels, others fused; the fused path is never taken by a
+    small plan on numba, nor the per-edge one on other implementations."""
+    from sparse_accumulation.e3nn import tensor_product
+
+    calls = []
+    monkeypatch.setattr(TensorProduct, "_message_passing", lambda self, *a, **k: calls.append("fused") or
+                        torch.zeros(0))
+    monkeypatch.setattr(TensorProduct, "_per_edge", lambda self, *a, **k: calls.append("per edge") or torch.zeros(0))
+    small = TensorProduct("4x0e", "0e", "4x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
+                          internal_weights=False, implementation="numba")
+    large = TensorProduct("32x0e", "0e", "32x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
+                          internal_weights=False, implementation="numba")
+    portable = TensorProduct("4x0e", "0e", "4x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
+                             internal_weights=False, implementation="torch")
+    assert small.channels < tensor_product.FUSED_MIN_CHANNELS <= large.channels
+    index = torch.zeros(3, dtype=torch.int64)
+    for module in (small, large, portable):
+        x, y = torch.randn(2, module.irreps_in1.dim), torch.randn(3, 1)
+        module(x, y, torch.randn(3, module.weight_numel), indices_1=index, indices_out=index, size_out=2)
+    assert calls == ["per edge", "fused", "fused"]

@@ -29,7 +29,7 @@ from ...kernels import SEGMENT
 from ..dispatch import eager_applies
 from . import eager, registered
 
-__all__ = ["accumulate_graph", "REDUCTIONS"]
+__all__ = ["accumulate_graph", "message_indices", "REDUCTIONS"]
 
 REDUCTIONS = registered.REDUCTIONS
 _SLOT_NAMES = ("indices_1", "indices_2", "indices_w", "indices_out")
@@ -101,6 +101,46 @@ def _edge_count(given, operands) -> int:
     return max((t.shape[0] for t in operands if t is not None), default=0)
 
 
+def _graph_arguments(operands, given, size_out) -> tuple:
+    """``(edges, rows, prepared)`` of a message-passing call: the edge count, the row count of every slot (X1,
+    X2, W, out), and each given index prepared (an :class:`~sparse_accumulation.indices.Index`, or an int64
+    tensor while compiling); every check that needs no index value, in the caller's argument names."""
+    indices_out = given[3]
+    if indices_out is not None and size_out is None:
+        raise ValueError("size_out is required with indices_out")
+    edges = _edge_count(given, operands)
+    for s, t in enumerate(operands):
+        if t is not None and given[s] is None and t.shape[0] not in (edges, 1):
+            raise ValueError(f"{_OPERAND_NAMES[s]} has {t.shape[0]} rows but there are {edges} edges "
+                             f"(an operand without index has one row per edge, or one row)")
+    if indices_out is None:
+        if size_out is not None and size_out != edges:
+            raise ValueError(f"without indices_out the output has one row per edge ({edges}), got size_out={size_out}")
+        size_out = edges
+    size_out = check_size("size_out", size_out)
+    device = operands[0].device
+    rows = [t.shape[0] if t is not None else 0 for t in operands] + [size_out]
+    prepared = [None if value is None else _index(_SLOT_NAMES[s], value, rows[s], device, edges)
+                for s, value in enumerate(given)]
+    return edges, rows, prepared
+
+
+def message_indices(x, y, indices_1, indices_2, indices_out, size_out) -> tuple:
+    """The checked row indices (int64 tensors, or None where not given) of a message-passing call of two 2-D
+    operands that gathers rows and sums them by ``indices_out`` outside the kernels: the checks and errors of
+    :func:`accumulate_graph`.
+
+    Raises:
+        TypeError, ValueError, IndexError: as :func:`accumulate_graph`.
+    """
+    for name, t in (("x", x), ("y", y)):
+        if t.dim() != 2:
+            raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
+    _, _, prepared = _graph_arguments([x, y, None], (indices_1, indices_2, None, indices_out), size_out)
+    found = [p.tensor if isinstance(p, Index) else p for p in prepared]
+    return found[0], found[1], found[3]
+
+
 @torch.compiler.assume_constant_result
 def _facts(key: str) -> tuple:
     """``(weighted, nnz, widths of X1, X2, W, out)`` of the channel rule of ``key`` (a constant while
@@ -157,22 +197,8 @@ def accumulate_graph(crule, X1, X2, C, W=None, *, indices_1=None, indices_2=None
             _check_operand(name, operands[s], widths[s], X1 if s else None)
     _check_coefficients(C, nnz, X1)
     given = (indices_1, indices_2, indices_w, indices_out)
-    if indices_out is not None and size_out is None:
-        raise ValueError("size_out is required with indices_out")
-    edges = _edge_count(given, operands)
-    for s, t in enumerate(operands):
-        if t is not None and given[s] is None and t.shape[0] not in (edges, 1):
-            raise ValueError(f"{_OPERAND_NAMES[s]} has {t.shape[0]} rows but there are {edges} edges "
-                             f"(an operand without index has one row per edge, or one row)")
-    if indices_out is None:
-        if size_out is not None and size_out != edges:
-            raise ValueError(f"without indices_out the output has one row per edge ({edges}), got size_out={size_out}")
-        size_out = edges
-    size_out = check_size("size_out", size_out)
+    edges, rows, prepared = _graph_arguments(operands, given, size_out)
     device = X1.device
-    rows = [t.shape[0] if t is not None else 0 for t in operands] + [size_out]
-    prepared = [None if value is None else _index(_SLOT_NAMES[s], value, rows[s], device, edges)
-                for s, value in enumerate(given)]
     indices = [p.tensor if isinstance(p, Index) else p for p in prepared]
     offsets, orders = [None] * 4, [None] * 4
     for s, p in enumerate(prepared):
