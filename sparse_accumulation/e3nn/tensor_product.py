@@ -413,14 +413,14 @@ class TensorProduct(torch.nn.Module):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dim() < 1 or t.shape[-1] != dim:
                 raise InvalidArgumentError(f"{name} must be [..., {dim}], got shape {tuple(t.shape)}")
-        given_weight = weight is not None
+        given = weight
         weight = self._get_weights(weight)
-        self._check_data(x, y, weight if given_weight else None)
+        self._check_data(x, y, given)
         if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
             weight = weight.to(x.dtype)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
-            if self._per_edge_on(x.device):
-                return self._per_edge(x, y, weight, indices_1, indices_2, indices_out, size_out)
+            if self._per_edge_on(x.device):  # the per-edge product takes the weights as the caller gave them
+                return self._per_edge(x, y, given, indices_1, indices_2, indices_out, size_out)
             return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
         lead = self._leading_shape(x, y, weight)
         plan, C = self._plan_for(x.device)
@@ -496,8 +496,7 @@ class TensorProduct(torch.nn.Module):
         gathered rows followed by a sum by destination."""
         if device.type != "cpu" or self.channels >= FUSED_MIN_CHANNELS:
             return False
-        name = backends.get_default_implementation() if self.implementation is None else self.implementation
-        return backends.resolved(name, device) == "numba"
+        return backends.resolved(self.implementation, device) == "numba"
 
     def _per_edge(self, x, y, weight, indices_1, indices_2, indices_out, size_out) -> torch.Tensor:
         """Message passing as the product of the gathered rows, then their sum by ``indices_out``: indices

@@ -94,7 +94,6 @@ import torch as _torch
 #: how a graph kernel writes an output: summed into rows through the segments of its index, one row per edge,
 #: or summed by atomic adds (CUDA)
 SEGMENT, EDGE, ATOMIC = "segment", "edge", "atomic"
-MODES = (SEGMENT, EDGE, ATOMIC)
 
 
 def accumulation_dtype(dtype: _torch.dtype) -> _torch.dtype:

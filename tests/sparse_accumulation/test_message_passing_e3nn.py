@@ -166,3 +166,30 @@ def test_the_schedule_follows_the_channel_count(monkeypatch):
         x, y = torch.randn(2, module.irreps_in1.dim), torch.randn(3, 1)
         module(x, y, torch.randn(3, module.weight_numel), indices_1=index, indices_out=index, size_out=2)
     assert calls == ["per edge", "fused", "fused"]
+
+
+@pytest.mark.parametrize("weights", ["unweighted", "unweighted, per-row", "internal"])
+def test_modules_without_weights_from_the_caller(generator, weights, schedule):
+    """Unweighted and internal-weight products with indices equal e3nn's scattered product on either schedule
+    (the per-edge one gets the weights as the caller gave them: none)."""
+    weighted = weights == "internal"
+    kwargs = {"shared_weights": None if weights == "unweighted" else weights == "internal",
+              "internal_weights": True} if weighted else {
+        "shared_weights": None if weights == "unweighted" else False}
+    instructions = [(0, 0, 0, "uvu", weighted), (1, 1, 0, "uvu", weighted), (1, 0, 1, "uvu", weighted)]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        theirs = o3.TensorProduct("4x0e + 4x1o", "0e + 1o", "4x0e + 4x1o", instructions, **kwargs)
+        ours = TensorProduct("4x0e + 4x1o", "0e + 1o", "4x0e + 4x1o", instructions, implementation="numba", **kwargs)
+    finally:
+        torch.set_default_dtype(previous)
+    if weighted:
+        ours.load_state_dict(theirs.state_dict(), strict=False)
+    nodes, edges = 5, 11
+    src, dst = _graph(generator, nodes, edges, "cpu")
+    x = torch.randn(nodes, 16, generator=generator, dtype=torch.float64)
+    Y = torch.randn(edges, 4, generator=generator, dtype=torch.float64)
+    expected = torch.zeros(nodes, 16, dtype=torch.float64).index_add(0, dst, theirs(x[src], Y))
+    got = ours(x, Y, indices_1=src, indices_out=dst, size_out=nodes)
+    assert _relative(got, expected) < 1e-12
