@@ -7,17 +7,32 @@ values (``do_not_specialize``): what matters of them is in the :class:`~.source.
 source, so one compiled kernel serves every call of a layout and the launcher can reuse it without Triton's
 per-call argument analysis. ``triton.jit`` decides when a kernel is created whether it runs under the
 interpreter (``TRITON_INTERPRET=1``), so the flag is part of the cache key.
+
+What a kernel's first use costs is mostly Triton compiling each of its configurations and the autotuner timing
+them. So (:func:`autotuned`): the configurations of a kernel are compiled at once, in threads
+(:func:`precompile`, before its first launch for a tuning key; ``SPARSE_ACCUMULATION_TRITON_PARALLEL_COMPILE=0``
+compiles them one by one as Triton does); each is timed by a few launches (:func:`quick_bench`) rather than
+Triton's 125 ms or more; and the choice is kept in Triton's disk cache, so a new process that finds the kernels
+compiled on disk does not time them again.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import os
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import torch
 import triton
+
+try:  # Triton 3.4 on: compiling in an executor
+    from triton.runtime._async_compile import AsyncCompileMode as _AsyncCompileMode
+except ImportError:  # pragma: no cover - older Triton compiles configurations one by one
+    _AsyncCompileMode = None
 
 from . import configs
 
@@ -92,16 +107,88 @@ def cached(key: tuple, build):
     return kernel
 
 
+PARALLEL_COMPILE = os.environ.get("SPARSE_ACCUMULATION_TRITON_PARALLEL_COMPILE", "1") != "0"
+#: the options of triton.autotune this Triton has (older ones lack do_bench and cache_results)
+_AUTOTUNE_OPTIONS = frozenset(inspect.signature(triton.autotune).parameters)
+
+
+def quick_bench(kernel_call, quantiles=None):
+    """The autotuner's timing of one configuration: the median of a few launches (about a millisecond of them,
+    3 to 25) timed with CUDA events, after one untimed launch. Returns ms, or ``[median, 20%, 80%]`` when
+    ``quantiles`` are asked for (as Triton's ``do_bench``)."""
+    kernel_call()
+    times = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        kernel_call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+        if len(times) >= 3 and sum(times) >= 1.0:
+            break
+    times.sort()
+    median = times[len(times) // 2]
+    if quantiles is None:
+        return median
+    return [median, times[len(times) // 5], times[(4 * len(times)) // 5]]
+
+
+def autotuned(source: str, name: str, ints, configs, key=("R_BUCKET",), reset_to_zero=None):
+    """The generated kernel ``name`` behind Triton's autotuner over ``configs`` (``triton.Config``), keyed on
+    the arguments ``key`` (and the argument dtypes); ``ints``: its integer parameters, not specialised.
+    With several configurations, they are timed by :func:`quick_bench` and the choice is cached on disk."""
+    fn = triton.jit(load_function(source, name), do_not_specialize=list(ints))
+    options = {}
+    if len(configs) > 1:
+        options = {k: v for k, v in (("do_bench", quick_bench), ("cache_results", True)) if k in _AUTOTUNE_OPTIONS}
+    return triton.autotune(configs=configs, key=list(key), reset_to_zero=reset_to_zero, **options)(fn)
+
+
 def autotuned_row_kernel(source: str, name: str, ints, pairs, store_flags):
     """The generated row kernel ``name`` autotuned over ``(BLOCK_R, num_warps)`` pairs and ``STORE_TILE`` flags,
     keyed on the ``R_BUCKET`` argument (and the argument dtypes)."""
-    fn = triton.jit(load_function(source, name), do_not_specialize=list(ints))
     candidates = [triton.Config({"BLOCK_R": b, "STORE_TILE": t}, num_warps=w) for t in store_flags for b, w in pairs]
-    return triton.autotune(configs=candidates, key=["R_BUCKET"])(fn)
+    return autotuned(source, name, ints, candidates)
 
 
 def fixed_kernel(source: str, name: str, ints, constexprs: dict, num_warps: int):
     """The generated kernel ``name`` with one fixed configuration (an autotuner of one configuration, so it is
     launched like the row kernels and never benchmarked)."""
-    fn = triton.jit(load_function(source, name), do_not_specialize=list(ints))
-    return triton.autotune(configs=[triton.Config(constexprs, num_warps=num_warps, num_stages=1)], key=[])(fn)
+    return autotuned(source, name, ints, [triton.Config(constexprs, num_warps=num_warps, num_stages=1)], key=())
+
+
+_executor = None
+
+
+def _compile_executor() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        with _lock:
+            if _executor is None:
+                _executor = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1),
+                                               thread_name_prefix="sparse_accumulation_triton_compile")
+    return _executor
+
+
+def _forget_executor() -> None:
+    global _executor
+    _executor = None  # its threads do not exist in a forked child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_executor)
+
+
+def precompile(kernel, args, grid) -> None:
+    """Compile every configuration of the autotuned ``kernel`` for the arguments ``args`` at once, in threads
+    (Triton's compiler and ``ptxas`` release the GIL), instead of one by one as the autotuner meets them.
+    Configurations already compiled (in this process or in Triton's disk cache) cost a cache lookup; one that
+    fails to compile is left to the autotuner, which reports or skips it as before."""
+    configs = getattr(kernel, "configs", ())
+    fn = getattr(kernel, "fn", None)
+    if (not PARALLEL_COMPILE or _AsyncCompileMode is None or fn is None or len(configs) < 2 or interpreting()):
+        return
+    with _AsyncCompileMode(_compile_executor(), ignore_errors=True):
+        for config in configs:
+            fn.warmup(*args, grid=grid, **config.all_kwargs())

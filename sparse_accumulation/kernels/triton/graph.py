@@ -47,10 +47,9 @@ def _kernel(crule, spec: Spec):
     def make():
         name = build.kernel_name("graph", (crule.key, spec))
         source, pointers, ints = kernel_source(name, crule, spec)
-        fn = triton.jit(build.load_function(source, name), do_not_specialize=list(ints))
         configs = [triton.Config({"BLOCK_R": b}, num_warps=w) for b, w in _configs(crule.channels)]
         atomic = [f"D{slot}" for slot, mode in spec.outputs if mode == ATOMIC]
-        return triton.autotune(configs=configs, key=["R_BUCKET"], reset_to_zero=atomic or None)(fn)
+        return build.autotuned(source, name, ints, configs, reset_to_zero=atomic or None)
 
     return build.cached(("graph", crule.key, spec), make)
 
@@ -122,8 +121,8 @@ def segment_sum(Z, segments, rows: int, traceable: bool = False):
     def make():
         name = build.kernel_name("segment_sum", (acc, order is not None))
         source = segment_sum_source(name, acc, order is not None)
-        fn = triton.jit(build.load_function(source, name), do_not_specialize=["WIDTH", "SZ", "SO"])
-        return triton.autotune(configs=[triton.Config({"BLOCK_C": _SUM_COLUMNS}, num_warps=4)], key=[])(fn)
+        return build.autotuned(source, name, ["WIDTH", "SZ", "SO"],
+                               [triton.Config({"BLOCK_C": _SUM_COLUMNS}, num_warps=4)], key=())
 
     kernel = build.cached(("segment_sum", acc, order is not None), make)
     pointers = [Z, offsets] + ([order] if order is not None else []) + [out]

@@ -20,9 +20,12 @@ interpreter, another Triton), where a launch hook is installed (profilers), or w
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import torch
+
+from . import build
 
 try:  # launch hooks (profilers) live in triton.knobs from Triton 3.4 on
     from triton import knobs as _knobs
@@ -58,17 +61,64 @@ def _hooks_active() -> bool:
     return False
 
 
-def _run_public(kernel, grid, args, device):
+def _run_public(kernel, grid, args, device, tuning) -> tuple:
+    """``(compiled kernel, configuration used)`` of a launch through Triton's autotuner."""
     if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
-            return kernel.run(*args, grid=grid, warmup=False)
-    return kernel.run(*args, grid=grid, warmup=False)
+            return _run_locked(kernel, grid, args, tuning)
+    return _run_locked(kernel, grid, args, tuning)
 
 
-def _make_plan(kernel, grid, args, device):
+#: (kernel, tuning key, argument dtypes) launched in this process
+_launched = set()
+#: one lock per kernel: the autotuner keeps per-call state (arguments, best configuration), and threads that
+#: meet a kernel first at once compile it once
+_kernel_locks = {}
+#: seconds a first launch may take (loading compiled kernels from disk) before a note says they compile
+NOTE_AFTER_SECONDS = 3.0
+_noted = threading.Event()
+
+
+def _kernel_lock(kernel) -> threading.Lock:
+    found = _kernel_locks.get(id(kernel))
+    if found is None:
+        with _lock:
+            found = _kernel_locks.setdefault(id(kernel), threading.Lock())
+    return found
+
+
+def _note_compiling() -> None:
+    if not _noted.is_set():
+        _noted.set()
+        print("sparse_accumulation: compiling GPU kernels on first use (kept in Triton's disk cache for later "
+              "runs)", file=sys.stderr, flush=True)
+
+
+def _run_locked(kernel, grid, args, tuning) -> tuple:
+    """``kernel.run`` under the kernel's lock; on the first launch of a kernel for a tuning key and dtypes, its
+    configurations are compiled in parallel first (:func:`.build.precompile`), with a note on stderr if that
+    takes long."""
+    key = (id(kernel), tuning, tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    with _kernel_lock(kernel):
+        if key in _launched:
+            return kernel.run(*args, grid=grid, warmup=False), getattr(kernel, "best_config", None)
+        timer = None if _noted.is_set() else threading.Timer(NOTE_AFTER_SECONDS, _note_compiling)
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            build.precompile(kernel, args, grid)
+            compiled = kernel.run(*args, grid=grid, warmup=False)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        _launched.add(key)
+        return compiled, getattr(kernel, "best_config", None)
+
+
+def _make_plan(kernel, grid, args, device, tuning):
     """Launch through Triton once and keep what a direct launch of the same compiled kernel needs."""
-    compiled = _run_public(kernel, grid, args, device)
-    config = getattr(kernel, "best_config", None)
+    compiled, config = _run_public(kernel, grid, args, device, tuning)
     if config is None:
         return None
     meta = dict(config.kwargs)
@@ -83,21 +133,20 @@ def _public_or_first(kernel, grid, pointers, ints, device, tuning, small):
     """Launch through Triton; return the fast plan for later launches of this kernel with pointers of this
     alignment on the current device (None where the fast path does not apply)."""
     if not FAST_LAUNCH or not small or device.type != "cuda" or id(kernel) in _unsupported or _hooks_active():
-        _run_public(kernel, grid, pointers + ints, device)
+        _run_public(kernel, grid, pointers + ints, device, tuning)
         return None
     index = torch._C._cuda_getDevice()
     if device.index is not None and device.index != index:
-        _run_public(kernel, grid, pointers + ints, device)
+        _run_public(kernel, grid, pointers + ints, device, tuning)
         return None
     key = (id(kernel), index, tuning, _alignment(pointers), pointers[0].dtype, pointers[-1].dtype)
     plan = _plans.get(key)
     if plan is None:
-        with _lock:
-            plan = _make_plan(kernel, grid, pointers + ints, device)
-            if plan is None:
-                _unsupported.add(id(kernel))
-            else:
-                _plans[key] = plan
+        plan = _make_plan(kernel, grid, pointers + ints, device, tuning)
+        if plan is None:
+            _unsupported.add(id(kernel))
+        else:
+            _plans.setdefault(key, plan)
         return None
     _launch_plan(plan, grid(plan.meta), index, pointers, ints)
     return plan

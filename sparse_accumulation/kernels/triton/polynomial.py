@@ -48,13 +48,12 @@ def _kernel(program, outputs: tuple, acc: str):
         found = tables(program, outputs)
         name = build.kernel_name("polynomial", (program.key, outputs, acc))
         source, pointers, ints = kernel_source(name, found, program.channels, acc)
-        fn = triton.jit(build.load_function(source, name), do_not_specialize=list(ints))
         block_c = block_channels(program.channels)
         # tl.gather must stay inside a warp (Triton 3.6 asserts otherwise): a tile of fewer channels than a
         # full block is given one warp, so no warp holds only part of a row
         warps = 1 if build.interpreting() or block_c < 32 else NUM_WARPS
         configs = [triton.Config({"BLOCK_C": block_c}, num_warps=warps)]
-        return triton.autotune(configs=configs, key=["R_BUCKET"])(fn), pointers, ints, found, block_c
+        return build.autotuned(source, name, ints, configs), pointers, ints, found, block_c
 
     return build.cached(("polynomial", program.key, outputs, acc), make)
 

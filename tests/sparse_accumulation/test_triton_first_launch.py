@@ -1,0 +1,155 @@
+"""A generated kernel's first launch: every configuration compiled at once (in threads, under Triton's async
+compile mode), the autotuner's state read under the kernel's lock, a note on stderr when the first launch
+takes long, and the brief timing of a configuration. Stand-in kernels record what they are asked to do, so
+these run without a GPU; the timing itself needs one."""
+import threading
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+import triton  # noqa: E402
+
+from sparse_accumulation.kernels.triton import build, launch  # noqa: E402
+
+
+class _Function:
+    """A stand-in for a JITFunction: records each warm-up (its constexprs and options) and the thread."""
+
+    def __init__(self):
+        self.warmed = []
+
+    def warmup(self, *args, grid, **kwargs):
+        from triton.runtime._async_compile import active_mode
+
+        self.warmed.append((args, kwargs, active_mode.get() is not None))
+
+
+class _Autotuned:
+    """A stand-in for an autotuned kernel: configurations, the function, and a run that records its call."""
+
+    def __init__(self, configs, seconds=0.0):
+        self.configs = configs
+        self.fn = _Function()
+        self.runs = []
+        self.seconds = seconds
+        self.best_config = None
+
+    def run(self, *args, grid, warmup):
+        time.sleep(self.seconds)
+        self.runs.append(args)
+        self.best_config = self.configs[len(self.runs) % len(self.configs)]
+        return f"compiled {len(self.runs)}"
+
+
+@pytest.fixture(autouse=True)
+def fresh_launch_records(monkeypatch):
+    """Stand-ins are freed after each test, and a new object may take a freed one's id: no records carry over."""
+    monkeypatch.setattr(launch, "_launched", set())
+    monkeypatch.setattr(launch, "_kernel_locks", {})
+
+
+def _configs():
+    return [triton.Config({"BLOCK_R": b}, num_warps=w) for b, w in ((32, 1), (64, 2), (128, 4))]
+
+
+def test_precompile_warms_every_configuration_in_async_mode(monkeypatch):
+    monkeypatch.setattr(build, "interpreting", lambda: False)
+    kernel = _Autotuned(_configs())
+    args = [torch.zeros(3), 5]
+    build.precompile(kernel, args, grid=lambda meta: (1,))
+    assert [kwargs["BLOCK_R"] for _, kwargs, _ in kernel.fn.warmed] == [32, 64, 128]
+    assert [kwargs["num_warps"] for _, kwargs, _ in kernel.fn.warmed] == [1, 2, 4]
+    assert all(in_async_mode for _, _, in_async_mode in kernel.fn.warmed)
+    assert all(warmed_args == tuple(args) for warmed_args, _, _ in kernel.fn.warmed)
+
+
+def test_precompile_skips_single_configurations_the_interpreter_and_when_switched_off(monkeypatch):
+    monkeypatch.setattr(build, "interpreting", lambda: False)
+    single = _Autotuned(_configs()[:1])
+    build.precompile(single, [torch.zeros(3)], grid=lambda meta: (1,))
+    assert single.fn.warmed == []
+    monkeypatch.setattr(build, "PARALLEL_COMPILE", False)
+    several = _Autotuned(_configs())
+    build.precompile(several, [torch.zeros(3)], grid=lambda meta: (1,))
+    assert several.fn.warmed == []
+    monkeypatch.setattr(build, "PARALLEL_COMPILE", True)
+    monkeypatch.setattr(build, "interpreting", lambda: True)
+    build.precompile(several, [torch.zeros(3)], grid=lambda meta: (1,))
+    assert several.fn.warmed == []
+
+
+def test_first_launch_precompiles_once_per_tuning_key_and_returns_the_configuration_it_ran(monkeypatch):
+    precompiled = []
+    monkeypatch.setattr(build, "precompile", lambda kernel, args, grid: precompiled.append(args[-1]))
+    kernel = _Autotuned(_configs())
+    x = torch.zeros(4)
+    for tuning in (3, 3, 7):
+        compiled, config = launch._run_locked(kernel, lambda meta: (1,), [x, tuning], tuning)
+        assert compiled == f"compiled {len(kernel.runs)}"
+        assert config is kernel.best_config
+    assert precompiled == [3, 7]
+    # another dtype is another first launch
+    launch._run_locked(kernel, lambda meta: (1,), [x.double(), 3], 3)
+    assert precompiled == [3, 7, 3]
+
+
+def test_threads_launching_one_kernel_take_turns(monkeypatch):
+    monkeypatch.setattr(build, "precompile", lambda kernel, args, grid: None)
+    kernel = _Autotuned(_configs(), seconds=0.01)
+    inside, overlaps = [], []
+    original = kernel.run
+
+    def run(*args, **kwargs):
+        if inside:
+            overlaps.append(True)
+        inside.append(True)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            inside.pop()
+
+    kernel.run = run
+    threads = [threading.Thread(target=launch._run_locked, args=(kernel, lambda meta: (1,), [torch.zeros(2), 1], 1))
+               for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(kernel.runs) == 8 and not overlaps
+
+
+def test_a_long_first_launch_says_it_is_compiling(monkeypatch, capsys):
+    monkeypatch.setattr(build, "precompile", lambda kernel, args, grid: None)
+    monkeypatch.setattr(launch, "NOTE_AFTER_SECONDS", 0.01)
+    monkeypatch.setattr(launch, "_noted", threading.Event())
+    launch._run_locked(_Autotuned(_configs(), seconds=0.2), lambda meta: (1,), [torch.zeros(2), 11], 11)
+    assert "compiling GPU kernels on first use" in capsys.readouterr().err
+    # once per process
+    launch._run_locked(_Autotuned(_configs(), seconds=0.2), lambda meta: (1,), [torch.zeros(2), 12], 12)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_quick_first_launch_says_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(build, "precompile", lambda kernel, args, grid: None)
+    monkeypatch.setattr(launch, "_noted", threading.Event())
+    launch._run_locked(_Autotuned(_configs()), lambda meta: (1,), [torch.zeros(2), 13], 13)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_quick_bench_times_a_launch():
+    x = torch.randn(1 << 24, device="cuda")
+    calls = []
+
+    def call():
+        calls.append(1)
+        torch.mul(x, 2.0)
+
+    median = build.quick_bench(call)
+    median_again, low, high = build.quick_bench(call, quantiles=(0.5, 0.2, 0.8))
+    assert 0 < low <= median_again <= high
+    assert median > 0.01  # 64 MB read and written: tens of microseconds at least
+    assert 4 <= len(calls) <= 52
