@@ -31,7 +31,7 @@ import contextlib
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -306,10 +306,7 @@ class Elements:
             if low < 0 or high >= num_elements:
                 raise IndexError(f"elements contains {low if low < 0 else high}, out of range for "
                                  f"num_elements={num_elements}")
-        ordered, self.order = torch.sort(self.tensor, stable=True)
-        # static shapes (no bincount, whose output size depends on the values): compiled graphs stay whole
-        bounds = torch.arange(num_elements + 1, device=self.tensor.device, dtype=torch.int64)
-        self.starts = torch.searchsorted(ordered, bounds)
+        self.order, self.starts = element_segments(self.tensor, num_elements)
         self._tiles = {}
 
     @classmethod
@@ -341,6 +338,16 @@ class Elements:
         if found is None:
             found = self._tiles[rows] = _tiles(self.starts, len(self), rows)
         return found
+
+
+def element_segments(elements: torch.Tensor, num_elements: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(order, starts)`` of int64 ``elements``: the nodes sorted by element (stable), and the ``[E + 1]``
+    offsets in ``order`` of each element's nodes (values outside ``[0, E)`` lie in no element). Device
+    operations of static shapes only (no bincount, whose output size depends on the values: compiled graphs
+    stay whole); TorchScript compiles it."""
+    ordered, order = torch.sort(elements, stable=True)
+    bounds = torch.arange(num_elements + 1, device=elements.device, dtype=torch.int64)
+    return order, torch.searchsorted(ordered, bounds)
 
 
 def _tiles(starts: torch.Tensor, nodes: int, rows: int) -> tuple:

@@ -6,6 +6,7 @@ import torch
 import cg
 
 from .ops.accumulate.api import accumulate_rule
+from .ops.scripted import check_like, check_width
 from .descriptors.rules import Rule
 
 
@@ -47,8 +48,18 @@ class CGCalculatorSingle(torch.nn.Module):
         for name, tensor in (("m1", m1), ("m2", m2), ("mu", mu), ("C", C)):
             self.register_buffer(name, tensor)
         self.rule = Rule(m1, m2, mu, 2 * l_output + 1, input_sizes=(2 * l1 + 1, 2 * l2 + 1))
+        self._rule_key = self.rule.key  # what a scripted call passes to the registered op
 
     def forward(self, X1: torch.Tensor, X2: torch.Tensor) -> torch.Tensor:
+        """The path's product ``[..., 2 l_output + 1]``; under ``torch.jit.script``, the registered op
+        ``torch.ops.sparse_accumulation.accumulate`` (``implementation=None`` meaning ``"auto"``)."""
+        if torch.jit.is_scripting():
+            check_width("X1", X1, 2 * self.l1 + 1, f"[..., {2 * self.l1 + 1}]")
+            check_width("X2", X2, 2 * self.l2 + 1, f"[..., {2 * self.l2 + 1}]")
+            check_like("X1", X1, "the coefficients C", self.C)
+            check_like("X2", X2, "the coefficients C", self.C)
+            implementation = "auto" if self.implementation is None else self.implementation
+            return torch.ops.sparse_accumulation.accumulate(X1, X2, None, self.C, self._rule_key, implementation)
         return accumulate_rule(X1, X2, self.rule, self.C, implementation=self.implementation)
 
     def extra_repr(self) -> str:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Callable, NamedTuple, Sequence, Union
+from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ import torch
 import cg
 
 from .ops.accumulate.api import accumulate_rule
+from .ops.scripted import check_like, check_width
 from .descriptors.rules import Rule
 
 __all__ = [
@@ -373,6 +374,8 @@ class ClebschGordanProduct(torch.nn.Module):
         self.rule = self._register_rule("", rule, (self.dim1, self.dim2, self.dim_out), dtype)
         self.rule_complex = self._register_rule("_complex", _complex_rule(*rule),
                                                 (2 * self.dim1, 2 * self.dim2, 2 * self.dim_out), dtype)
+        # what a scripted call passes to the registered op
+        self._rule_key, self._rule_complex_key = self.rule.key, self.rule_complex.key
         if weights and not self.per_row:
             self.weight = torch.nn.Parameter(torch.ones(len(paths), dtype=dtype))
         else:
@@ -393,7 +396,7 @@ class ClebschGordanProduct(torch.nn.Module):
     def n_paths(self) -> int:
         return len(self.paths)
 
-    def coefficients(self, dtype=None, complex_rule: bool = False) -> torch.Tensor:
+    def coefficients(self, dtype: Optional[torch.dtype] = None, complex_rule: bool = False) -> torch.Tensor:
         """The coefficients the accumulation uses: normalized, times the path weights when learnable."""
         C = self.C_complex if complex_rule else self.C
         path = self.path_index_complex if complex_rule else self.path_index
@@ -429,7 +432,7 @@ class ClebschGordanProduct(torch.nn.Module):
                                 "(per-row weights stay real with complex features)")
         return W
 
-    def forward(self, X1, X2, W=None) -> torch.Tensor:
+    def forward(self, X1, X2, W: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The product ``[..., channels, dim_out]`` of ``X1 [..., channels, dim1]`` and ``X2 [..., channels, dim2]``.
 
         Args:
@@ -442,7 +445,12 @@ class ClebschGordanProduct(torch.nn.Module):
         Raises:
             ValueError: shapes that do not fit or broadcast, ``W`` missing or unexpected.
             TypeError: dtypes that differ, complex ``W``.
+
+        Under ``torch.jit.script`` the inputs must be tensors in the concatenated layout, and the call runs the
+        registered op ``torch.ops.sparse_accumulation.accumulate`` (``implementation=None`` meaning ``"auto"``).
         """
+        if torch.jit.is_scripting():
+            return self._scripted(X1, X2, W)
         X1 = self._input(X1, self.irreps1, self.dim1, "X1")
         X2 = self._input(X2, self.irreps2, self.dim2, "X2")
         W = self._row_weights(W, X1)
@@ -455,6 +463,31 @@ class ClebschGordanProduct(torch.nn.Module):
                                   implementation=self.implementation)
             return torch.view_as_complex(out.unflatten(-1, (self.dim_out, 2)))
         return accumulate_rule(X1, X2, self.rule, self.coefficients(X1.dtype), W, implementation=self.implementation)
+
+    def _scripted(self, X1: torch.Tensor, X2: torch.Tensor, W: Optional[torch.Tensor]) -> torch.Tensor:
+        """:meth:`forward` under TorchScript."""
+        check_width("X1", X1, self.dim1, f"[..., channels, {self.dim1}]")
+        check_width("X2", X2, self.dim2, f"[..., channels, {self.dim2}]")
+        check_like("X2", X2, "X1", X1)
+        if self.C.device != X1.device:
+            raise ValueError(f"the product's coefficients are on {self.C.device} but X1 is on {X1.device}")
+        if self.per_row != (W is not None):
+            raise ValueError("W [..., channels, n_paths] is given exactly when the product was made with "
+                             "weights=\"per_row\"")
+        if W is not None:
+            check_width("W", W, len(self.paths), f"[..., channels, {len(self.paths)}]")
+            check_like("W", W, "X1", X1, X1.real.dtype if X1.is_complex() else X1.dtype)
+        implementation = "auto" if self.implementation is None else self.implementation
+        if X1.is_complex() or X2.is_complex():
+            if X1.dtype != X2.dtype:
+                raise TypeError(f"complex inputs must have the same dtype, got {X1.dtype} and {X2.dtype}")
+            x1 = torch.view_as_real(X1.resolve_conj()).flatten(-2)
+            x2 = torch.view_as_real(X2.resolve_conj()).flatten(-2)
+            out = torch.ops.sparse_accumulation.accumulate(x1, x2, W, self.coefficients(x1.dtype, True),
+                                                           self._rule_complex_key, implementation)
+            return torch.view_as_complex(out.unflatten(-1, [self.dim_out, 2]))
+        return torch.ops.sparse_accumulation.accumulate(X1, X2, W, self.coefficients(X1.dtype), self._rule_key,
+                                                        implementation)
 
     def split(self, out: torch.Tensor) -> dict:
         """Views ``{L: [..., channels, n_L, 2L+1]}`` of an output (path ``j`` of ``L`` at index ``j``)."""
@@ -474,7 +507,8 @@ class ClebschGordanIteration(torch.nn.Module):
     pair and ``L`` is a path, and the number of blocks per degree grows with the number of paths.
 
     ``forward(X) -> [X^1, X^2, ..., X^nu_max]``, every entry in the ``[..., channels, dim]`` layout with
-    the irreps ``irreps[nu - 1]`` (``irreps[0]`` is that of X^1); ``products[nu - 1]`` computes ``X^(nu+1)``.
+    the irreps ``irreps[nu - 1]`` (``irreps[0]`` is that of X^1, whose last dimension is ``dim``);
+    ``products[nu - 1]`` computes ``X^(nu+1)``.
 
     Args:
         irreps: description of ``X^1``.
@@ -505,11 +539,20 @@ class ClebschGordanIteration(torch.nn.Module):
             irreps_all.append(product.irreps_out)
         self.irreps = tuple(irreps_all)
         self.nu_max = nu_max
+        self.dim = irreps_dim(first)
 
-    def forward(self, X) -> list:
+    def forward(self, X) -> List[torch.Tensor]:
+        """``[X^1, ..., X^nu_max]`` of ``X`` (a tensor in the concatenated layout, or a dict / list by degree;
+        a tensor under ``torch.jit.script``)."""
+        if torch.jit.is_scripting():
+            check_width("X", X, self.dim, f"[..., channels, {self.dim}]")
+            found = [X]
+            for product in self.products:
+                found.append(product(found[-1], X))
+            return found
         X1, _ = concatenate(X, self.irreps[0])
-        if X1.dim() < 2 or X1.shape[-1] != irreps_dim(self.irreps[0]):
-            raise ValueError(f"X must be [..., channels, {irreps_dim(self.irreps[0])}] for irreps {self.irreps[0]}, "
+        if X1.dim() < 2 or X1.shape[-1] != self.dim:
+            raise ValueError(f"X must be [..., channels, {self.dim}] for irreps {self.irreps[0]}, "
                              f"got shape {tuple(X1.shape)}")
         result = [X1]
         for product in self.products:

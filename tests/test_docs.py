@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,8 @@ EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementation
                   pytest.param("message_passing.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   "mace.rst",
+                  pytest.param("deploying.rst", marks=pytest.mark.skipif(
+                      importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   pytest.param("hippynn.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("hippynn") is None, reason="the page's last example needs hippynn"))]
 # pages whose later examples need optional packages: without one of them, the page's blocks run up to the first
@@ -61,14 +64,23 @@ def python_blocks(path: Path) -> list:
 
 
 @pytest.mark.parametrize("page", EXECUTED_PAGES)
-def test_python_code_blocks_run_as_written(page, capsys):
+def test_python_code_blocks_run_as_written(page, capsys, tmp_path, monkeypatch):
     blocks = python_blocks(DOCS / page)
     assert blocks, f"{page} has no python code blocks"
-    namespace = {"__name__": f"docs_{page.split('.')[0]}"}
+    # the blocks run in a module whose file holds them, each at its place there, so that what reads the source of
+    # a definition (TorchScript) finds it
+    name = f"docs_{page.split('.')[0]}"
+    source = tmp_path / f"{name}.py"
+    source.write_text("\n\n".join(blocks) + "\n", encoding="utf-8")
+    module = types.ModuleType(name)
+    module.__file__ = str(source)
+    monkeypatch.setitem(sys.modules, name, module)
+    line = 0
     for number, block in enumerate(blocks, start=1):
-        code = compile(block, f"{page} (python block {number})", "exec")
+        code = compile("\n" * line + block, str(source), "exec")
+        line += block.count("\n") + 2
         try:
-            exec(code, namespace)  # noqa: S102 - the documentation's own examples
+            exec(code, module.__dict__)  # noqa: S102 - the documentation's own examples
         except ImportError as error:
             missing = [name for name in OPTIONAL_PACKAGES.get(page, ()) if not _installed(name)]
             if not missing:

@@ -30,13 +30,14 @@ e3nn is needed for its ``Irreps`` (imported when a :class:`TensorProduct` is mad
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
 import torch
 
 from .. import backends
 from ..ops.accumulate.api import accumulate_rule
+from ..ops.scripted import check_index, check_like, check_width
 from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
@@ -266,6 +267,8 @@ class TensorProduct(torch.nn.Module):
             multiplicities.
     """
 
+    __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile scripts it, as it does e3nn's own
+
     def __init__(self, irreps_in1, irreps_in2, irreps_out, instructions: Sequence[tuple],
                  in1_var: Optional[Sequence[float]] = None, in2_var: Optional[Sequence[float]] = None,
                  out_var: Optional[Sequence[float]] = None, irrep_normalization: Optional[str] = None,
@@ -327,6 +330,26 @@ class TensorProduct(torch.nn.Module):
         for name, plan in (("coefficients_channels", self._channel_plan), ("coefficients_rows", self._row_plan)):
             self.register_buffer(name, torch.as_tensor(plan.coefficients, dtype=dtype), persistent=False)
         self._graph_rule = channel_rule(self._channel_plan, self.irreps_in2.dim)
+        self._make_script_state()
+
+    def _make_script_state(self) -> None:
+        """What a scripted call reads in place of the plans (TorchScript types neither them nor the descriptors):
+        the keys of the row rule (when its operands are e3nn's tensors themselves: one channel) and of the channel
+        rule (None when nothing is computed), whether the rule is weighted and has a column of ones, whether
+        message passing on the CPU runs per edge (by :data:`FUSED_MIN_CHANNELS` when the module is made), and the
+        weights' columns that the row rule reads (None: all of them, in order)."""
+        row = self._row_plan
+        self._row_key = row.rule.key if row.rule is not None and row.channels == 1 else None
+        self._graph_key = None if self._graph_rule is None else self._graph_rule.key
+        self._weighted = row.weights is not None
+        self._per_edge_on_cpu = self.channels < FUSED_MIN_CHANNELS
+        self._ones_column = row.weights is not None and row.weights.ones is not None
+        columns = None
+        if self._row_key is not None and row.weights is not None:
+            read = [c for s in row.weights.layout.segments for c in range(s.start, s.start + s.mul * s.dim)]
+            if read != list(range(self.weight_numel)):
+                columns = torch.as_tensor(read, dtype=torch.int64)
+        self.register_buffer("_row_weight_columns", columns, persistent=False)
 
     def _plan_for(self, device: torch.device):
         """The row plan on CPU tensors (unless the Triton kernels are asked for), else the channel plan."""
@@ -374,8 +397,9 @@ class TensorProduct(torch.nn.Module):
                 offset += size
                 yield (index, ins, view) if yield_instruction else view
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None, *,
-                indices_1=None, indices_2=None, indices_out=None, size_out: Optional[int] = None,
+    def forward(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                indices_1: Optional[torch.Tensor] = None, indices_2: Optional[torch.Tensor] = None,
+                indices_out: Optional[torch.Tensor] = None, size_out: Optional[int] = None,
                 reduction: Optional[str] = None) -> torch.Tensor:
         """``x[..., irreps_in1.dim]`` times ``y[..., irreps_in2.dim]`` -> ``[..., irreps_out.dim]``; with
         cuEquivariance's keywords, message passing: ``out[indices_out[e]] += tp(x[indices_1[e]],
@@ -407,7 +431,15 @@ class TensorProduct(torch.nn.Module):
                 ``RuntimeError``).
             ValueError: with indices, index lengths that differ, ``size_out`` missing, inputs that are not 2-D.
             IndexError: an index out of range (eager mode).
+
+        Under ``torch.jit.script`` the call runs the registered ops on the same kernels (:meth:`_scripted`): the
+        indices must be tensors, their values are not checked, and ``implementation=None`` means ``"auto"``.
         """
+        if torch.jit.is_scripting():
+            return self._scripted(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+        return self._eager(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+
+    def _eager(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction) -> torch.Tensor:
         for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -526,3 +558,129 @@ class TensorProduct(torch.nn.Module):
         return accumulate_graph(crule, x, y, self.coefficients_channels.to(x.dtype), W, indices_1=indices_1,
                                 indices_2=indices_2, indices_out=indices_out, size_out=size_out,
                                 implementation=self.implementation, reduction=reduction)
+
+    # ----------------------------------------------------------------------------------------------------
+    # the scripted path: TorchScript compiles these methods (and only these), which call the registered ops
+
+    def _scripted(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
+                  indices_1: Optional[torch.Tensor], indices_2: Optional[torch.Tensor],
+                  indices_out: Optional[torch.Tensor], size_out: Optional[int],
+                  reduction: Optional[str]) -> torch.Tensor:
+        """:meth:`forward` under TorchScript: the schedule of the eager call (the row rule on the CPU, the channel
+        rule read in place elsewhere, message passing per edge or fused as :data:`FUSED_MIN_CHANNELS` says) on
+        ``torch.ops.sparse_accumulation`` with the rules' keys. Index values are not checked (as under
+        ``torch.compile``)."""
+        check_width("x", x, self._dims[0], f"[..., {self._dims[0]}]")
+        check_width("y", y, self._dims[1], f"[..., {self._dims[1]}]")
+        check_like("y", y, "x", x)
+        if self.coefficients_rows.device != x.device:
+            raise ValueError(f"this TensorProduct's tensors are on {self.coefficients_rows.device} but x is on "
+                             f"{x.device}: move the module to the data's device")
+        if weight is None:
+            if self.weight_numel > 0 and not self.internal_weights:
+                raise RuntimeError(f"weight is required: this TensorProduct has no internal weights "
+                                   f"(give weight [..., {self.weight_numel}])")
+            weight = self.weight.to(x.dtype)
+        else:
+            if self.shared_weights and weight.dim() != 1:
+                raise ValueError(f"weight must be [{self.weight_numel}] (shared weights), got shape {weight.shape}")
+            check_width("weight", weight, self.weight_numel, f"[..., {self.weight_numel}]")
+            check_like("weight", weight, "x", x)
+        for name, index in (("indices_1", indices_1), ("indices_2", indices_2), ("indices_out", indices_out)):
+            check_index(name, index)
+        implementation = "auto" if self.implementation is None else self.implementation
+        if indices_1 is None and indices_2 is None and indices_out is None and size_out is None:
+            return self._scripted_product(x, y, weight, implementation)
+        if x.dim() != 2 or y.dim() != 2:
+            raise ValueError(f"with indices, x and y must be 2-D [rows, dim], got shapes {x.shape} and {y.shape}")
+        if indices_out is not None and size_out is None:
+            raise ValueError("size_out is required with indices_out")
+        if x.device.type == "cpu" and self._per_edge_on_cpu and implementation in ("auto", "numba"):
+            messages = self._scripted_product(x if indices_1 is None else x.index_select(0, indices_1),
+                                              y if indices_2 is None else y.index_select(0, indices_2), weight,
+                                              implementation)
+            if indices_out is None or size_out is None:
+                return messages
+            return messages.new_zeros(size_out, messages.shape[-1]).index_add(0, indices_out, messages)
+        W: Optional[torch.Tensor] = None
+        if self._weighted:
+            W = weight.reshape(1, -1) if self.shared_weights else weight
+        return self._scripted_graph(x, y, W, indices_1, indices_2, indices_out, size_out, reduction, implementation)
+
+    def _scripted_product(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                          implementation: str) -> torch.Tensor:
+        """The product of broadcasting e3nn-layout tensors under TorchScript."""
+        lead = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+        if not self.shared_weights:
+            lead = torch.broadcast_shapes(lead, weight.shape[:-1])
+        row_key = self._row_key
+        if self._graph_key is None:  # nothing is computed
+            return x.new_zeros(lead + [self._dims[2]])
+        if not self._weighted and not self.shared_weights and x.shape[:-1] != lead:
+            x = x.expand(lead + [x.shape[-1]])
+        if row_key is not None and x.device.type == "cpu" and implementation != "triton":
+            W: Optional[torch.Tensor] = None
+            if self._weighted:
+                columns = self._row_weight_columns
+                W = (weight if columns is None else weight.index_select(-1, columns)).unsqueeze(-2)
+                if self._ones_column:
+                    W = torch.cat([W, W.new_ones(1).expand(W.shape[:-1] + [1])], dim=-1)
+            out = torch.ops.sparse_accumulation.accumulate(x.unsqueeze(-2), y.unsqueeze(-2), W,
+                                                           self.coefficients_rows.to(x.dtype), row_key,
+                                                           implementation)
+            return out.squeeze(-2)
+        rows: Optional[torch.Tensor] = None
+        if self._weighted:
+            rows = weight.reshape(1, -1) if self.shared_weights else _broadcast_rows(weight, lead)
+        out = self._scripted_graph(_broadcast_rows(x, lead), _broadcast_rows(y, lead), rows, None, None, None, None,
+                                   None, implementation)
+        return out.view(lead + [self._dims[2]])
+
+    def _scripted_graph(self, x: torch.Tensor, y: torch.Tensor, W: Optional[torch.Tensor],
+                        indices_1: Optional[torch.Tensor], indices_2: Optional[torch.Tensor],
+                        indices_out: Optional[torch.Tensor], size_out: Optional[int], reduction: Optional[str],
+                        implementation: str) -> torch.Tensor:
+        """The graph op under TorchScript: the channel rule on e3nn's 2-D tensors, their rows gathered by the
+        indices and summed by ``indices_out`` (without indices: one row per row of the operands)."""
+        if W is not None and W.dim() != 2:
+            raise ValueError(f"with indices, per-row weights must be 2-D [edges, {self.weight_numel}], got shape "
+                             f"{W.shape}")
+        edges = max(x.shape[0], y.shape[0], 0 if W is None else W.shape[0])
+        lengths: List[int] = []
+        for index in (indices_1, indices_2, indices_out):
+            if index is not None:
+                lengths.append(index.shape[0])
+        if len(lengths) > 0:
+            edges = lengths[0]
+            if lengths != [edges] * len(lengths):
+                raise ValueError(f"the indices have {lengths} entries: every index has one entry per edge")
+        for name, t, index in (("x", x, indices_1), ("y", y, indices_2), ("weight", W, None)):
+            if t is not None and index is None and t.shape[0] != edges and t.shape[0] != 1:
+                raise ValueError(f"{name} has {t.shape[0]} rows but there are {edges} edges (an operand without "
+                                 "index has one row per edge, or one row)")
+        rows = size_out if indices_out is not None and size_out is not None else edges
+        key = self._graph_key
+        if key is None:
+            return x.new_zeros(rows, self._dims[2])
+        indices: List[Optional[torch.Tensor]] = [None, None, None, None]
+        for slot, index in ((0, indices_1), (1, indices_2), (3, indices_out)):
+            if index is not None:
+                indices[slot] = index.to(torch.int64)
+        no_segments: List[Optional[torch.Tensor]] = [None, None, None, None]  # the op sorts the indices it sums by
+        return torch.ops.sparse_accumulation.graph_accumulate(
+            x, y, W, None, self.coefficients_channels.to(x.dtype), indices, no_segments, no_segments, key, [3],
+            [x.shape[0], y.shape[0], 0 if W is None else W.shape[0], rows], edges, implementation,
+            "segment" if reduction is None else reduction)[0]
+
+
+def _broadcast_rows(t: torch.Tensor, lead: List[int]) -> torch.Tensor:
+    """``t [..., d]`` as the 2-D rows of the broadcast leading shape ``lead``: its own rows, one row shared by
+    every row, or an expanded copy."""
+    if t.shape[:-1] == lead:
+        return t.reshape(-1, t.shape[-1])
+    count = 1
+    for size in t.shape[:-1]:
+        count *= size
+    if count == 1:
+        return t.reshape(1, t.shape[-1])
+    return t.expand(lead + [t.shape[-1]]).reshape(-1, t.shape[-1])

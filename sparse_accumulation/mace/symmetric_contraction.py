@@ -15,7 +15,7 @@ same kernels. Node attributes that are not one-hot take the same kernels with pe
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import torch
@@ -24,6 +24,8 @@ from .. import backends
 from ..descriptors.channel_rules import ColumnMap
 from ..descriptors.programs import LANE, Program, Slot, element_slot, lane_slot
 from ..e3nn.tensor_product import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
+from ..indices import element_segments
+from ..ops.scripted import check_like
 from ..ops.polynomial.api import evaluate
 from .attributes import prepare
 from .couplings import couplings_from_dense, mace_couplings, mace_has_paths
@@ -103,8 +105,15 @@ class _Weights(torch.nn.Module):
                     self.weights_max = FrozenZero(torch.zeros_like(made[0]))
                 self.register_buffer("weights_max_zeroed", torch.tensor(zero, device=device))
 
-    def tensors(self) -> list:
-        return [self.weights_max, *self.weights]
+    def tensors(self) -> List[torch.Tensor]:
+        """``[weights_max, *weights]`` (empty for external weights)."""
+        found: List[torch.Tensor] = []
+        if self.weights_max is not None:
+            found.append(self.weights_max)
+        if self.weights is not None:
+            for w in self.weights:
+                found.append(w)
+        return found
 
 
 class SymmetricContraction(torch.nn.Module):
@@ -141,6 +150,8 @@ class SymmetricContraction(torch.nn.Module):
             ``num_elements`` missing.
         NotImplementedError: ``use_reduced_cg=True``.
     """
+
+    __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile (MACE's scripting) scripts it, as it does MACE's own
 
     def __init__(self, irreps_in, irreps_out, correlation, irrep_normalization: str = "component",
                  path_normalization: str = "element", use_reduced_cg: bool = False,
@@ -191,6 +202,8 @@ class SymmetricContraction(torch.nn.Module):
         self.program, self.node_program, B = _programs(self.channels, self.dim_in,
                                                        [term.ir for term in self.irreps_out], self.blocks)
         self.register_buffer("couplings", torch.as_tensor(B, dtype=dtype, device=device), persistent=False)
+        # what a scripted call passes to the registered op (TorchScript cannot type the programs)
+        self._program_key, self._node_program_key = self.program.key, self.node_program.key
 
     def extra_repr(self) -> str:
         return (f"{irreps_text(self.irreps_in)} -> {irreps_text(self.irreps_out)}, correlation={self.correlation}, "
@@ -250,7 +263,8 @@ class SymmetricContraction(torch.nn.Module):
         W = torch.cat(flat, dim=1) if len(flat) > 1 else flat[0]
         return torch.matmul(self.couplings, W).reshape(self.num_elements, -1)
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, weights=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, y: torch.Tensor,
+                weights: Optional[List[List[torch.Tensor]]] = None) -> torch.Tensor:
         """The contraction of node features ``x`` for node attributes ``y``.
 
         The output is linear in each row of ``y``, as MACE's: ``sum_e y[n, e] * out(x[n], weights of e)``.
@@ -286,7 +300,15 @@ class SymmetricContraction(torch.nn.Module):
             IndexError: element indices out of range.
             RuntimeError: (compiled or captured calls, from the device) rows of ``y`` with several nonzeros and
                 a ``y`` that does not require grad.
+
+        Under ``torch.jit.script`` the call runs the registered op (:meth:`_scripted`): ``y`` must be a tensor,
+        it is read on every call, element indices are not checked, and ``implementation=None`` means ``"auto"``.
         """
+        if torch.jit.is_scripting():
+            return self._scripted(x, y, weights)
+        return self._eager(x, y, weights)
+
+    def _eager(self, x, y, weights) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
         if x.dtype != self.couplings.dtype:
@@ -312,6 +334,60 @@ class SymmetricContraction(torch.nn.Module):
             return evaluate(self.node_program, [flat, per_node], attributes.elements, implementation)[0]
         out = evaluate(self.program, [flat, table], attributes.elements, implementation)[0]
         return out if attributes.scale is None else out * attributes.scale.to(out.dtype)
+
+    def _scripted(self, x: torch.Tensor, y: torch.Tensor, weights: Optional[List[List[torch.Tensor]]]) -> torch.Tensor:
+        """:meth:`forward` under TorchScript, on ``torch.ops.sparse_accumulation.polynomial``: ``y`` read as the
+        eager call reads it (one-hot rows, scaled rows, per-node weights), but on every call."""
+        if x.dim() != 3 or x.shape[1] != self.channels or x.shape[2] != self.dim_in:
+            raise ValueError(f"x must be [nodes, {self.channels}, {self.dim_in}], got shape {x.shape}")
+        check_like("x", x, "the module's weights", self.couplings)
+        if y.device != x.device:
+            raise ValueError(f"y is on {y.device} but x is on {x.device}")
+        if y.shape[0] != x.shape[0]:
+            raise ValueError(f"y has {y.shape[0]} rows but x has {x.shape[0]} nodes")
+        flat_weights: List[torch.Tensor] = []
+        if weights is None:
+            if not self.internal_weights:
+                raise ValueError("weights must be given exactly when the module has no internal weights")
+            for contraction in self.contractions:
+                flat_weights.extend(contraction.tensors())
+        else:
+            if self.internal_weights:
+                raise ValueError("weights must be given exactly when the module has no internal weights")
+            for per_irrep in weights:
+                flat_weights.extend(per_irrep)
+        W = torch.cat(flat_weights, dim=1) if len(flat_weights) > 1 else flat_weights[0]
+        if W.shape != [self.num_elements, self.couplings.shape[1], self.channels]:
+            raise ValueError(f"the weights must be [num_elements={self.num_elements}, paths, channels={self.channels}] "
+                             f"per order, {self.couplings.shape[1]} paths in all; got {W.shape} in all")
+        table = torch.matmul(self.couplings, W).reshape(self.num_elements, -1)
+        flat = x.reshape(x.shape[0], self.channels * self.dim_in)
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        implementation = "auto" if self.implementation is None else self.implementation
+        if y.dim() == 1 and not y.is_floating_point():
+            return _scripted_polynomial(self._program_key, [flat, table], y, self.num_elements, implementation)
+        if y.dim() != 2 or not y.is_floating_point() or y.shape[1] != self.num_elements:
+            raise ValueError(f"y must be 1-D integer element indices or [nodes, num_elements={self.num_elements}] "
+                             f"floating node attributes, got shape {y.shape} of dtype {y.dtype}")
+        nonzero = (y != 0).sum(1)
+        flags: List[bool] = torch.stack([((nonzero == 1) & (y == 1).any(1)).all(), (nonzero <= 1).all()]).tolist()
+        if y.requires_grad or not flags[1]:
+            per_node = torch.matmul(y.to(table.dtype), table)
+            one_element = torch.zeros(y.shape[0], dtype=torch.int64, device=y.device)
+            return _scripted_polynomial(self._node_program_key, [flat, per_node], one_element, 1, implementation)
+        columns = y.abs().argmax(1)
+        out = _scripted_polynomial(self._program_key, [flat, table], columns, self.num_elements, implementation)
+        return out if flags[0] else out * y.gather(1, columns[:, None]).to(out.dtype)
+
+
+def _scripted_polynomial(program: str, tensors: List[torch.Tensor], elements: torch.Tensor, num_elements: int,
+                         implementation: str) -> torch.Tensor:
+    """The first output of the program of key ``program`` for nodes of ``elements``, on the registered op."""
+    elements = elements.to(torch.int64).contiguous()
+    order, starts = element_segments(elements, num_elements)
+    return torch.ops.sparse_accumulation.polynomial(tensors, elements, order, starts, program, [0],
+                                                    implementation)[0]
 
 
 def _programs(channels: int, dim_in: int, irreps_out, blocks) -> tuple:

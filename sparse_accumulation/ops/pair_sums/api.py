@@ -15,11 +15,14 @@ synchronisation (the kernels never read or write through an out-of-range index).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ... import backends
 from ...kernels.reference import pair_sums as reference
 from ..dispatch import eager_applies
+from ..scripted import check_index, check_like
 from . import eager, registered
 
 __all__ = ["envsum", "sensesum", "featsum", "IMPLEMENTATIONS"]
@@ -65,6 +68,24 @@ def _check_pairs(pair_first, pair_second, device, n_pairs=None, pairs_from="pair
             raise ValueError(f"{name} has {t.shape[0]} pairs but {pairs_from} has {n_pairs}; they must match")
 
 
+def _check_scripted(a_name: str, a: torch.Tensor, a_dim: int, b_name: str, b: torch.Tensor, b_dim: int,
+                    pair_first: torch.Tensor, pair_second: torch.Tensor, n_pairs: int, pairs_from: str) -> None:
+    """The checks of the public functions under TorchScript (the ops check the index values themselves): the
+    data's dimensions, one floating dtype and device, 1-D integer pairs of ``n_pairs`` entries each (the count of
+    ``pairs_from``)."""
+    for name, t, ndim in ((a_name, a, a_dim), (b_name, b, b_dim)):
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64")
+        if t.dim() != ndim:
+            raise ValueError(f"{name} must have {ndim} dimensions, got shape {t.shape}")
+    check_like(b_name, b, a_name, a)
+    for name, t in (("pair_first", pair_first), ("pair_second", pair_second)):
+        check_index(name, t)
+        check_like(name, t, a_name, a, t.dtype)
+        if t.shape[0] != n_pairs:
+            raise ValueError(f"{name} has {t.shape[0]} pairs but {pairs_from} has {n_pairs}; they must match")
+
+
 def _equal(what: str, a_name: str, a: int, b_name: str, b: int) -> None:
     if a != b:
         raise ValueError(f"{what}: {a_name} is {a} but {b_name} is {b}; they must match")
@@ -86,7 +107,8 @@ def _sum(name: str, a, b, pair_first, pair_second, implementation):
     return getattr(registered, name)(a, b, pair_first, pair_second, requested)
 
 
-def envsum(sensitivities, features, pair_first, pair_second, *, implementation=None):
+def envsum(sensitivities: torch.Tensor, features: torch.Tensor, pair_first: torch.Tensor, pair_second: torch.Tensor,
+           implementation: Optional[str] = None) -> torch.Tensor:
     """Sum the outer products of pair sensitivities and neighbour features onto the first atom of each pair:
     ``env[pair_first[p], nu, f] += sensitivities[p, nu] * features[pair_second[p], f]``.
 
@@ -101,7 +123,9 @@ def envsum(sensitivities, features, pair_first, pair_second, *, implementation=N
         pair_second: ``[n_pairs]`` int64 or int32, atom whose features each pair brings, in ``[0, n_atoms)``.
         implementation: ``None`` (the process default), ``"auto"`` (numba on CPU, Triton on CUDA), ``"numba"``,
             ``"triton"``, ``"torch"`` (portable, chunked) or ``"index_add"`` (the reference formulas, torch's
-            autograd; memory grows with ``n_pairs * n_nu * n_feat``).
+            autograd; memory grows with ``n_pairs * n_nu * n_feat``). Called from TorchScript (hippynn's
+            interaction layers in a scripted model), the function calls the registered op, ``None`` meaning
+            ``"auto"`` and ``"index_add"`` the portable kernels.
 
     Returns:
         ``[n_atoms, n_nu, n_feat]`` of the inputs' dtype and device (zeros for atoms without pairs). 16-bit
@@ -115,12 +139,18 @@ def envsum(sensitivities, features, pair_first, pair_second, *, implementation=N
             asynchronously (nothing is read or written through it).
         RuntimeError: the requested implementation is not available for the device.
     """
+    if torch.jit.is_scripting():
+        _check_scripted("sensitivities", sensitivities, 2, "features", features, 2, pair_first, pair_second,
+                        sensitivities.shape[0], "sensitivities")
+        return torch.ops.sparse_accumulation.envsum(sensitivities, features, pair_first, pair_second,
+                                                    "auto" if implementation is None else implementation)
     _check_data((("sensitivities", sensitivities), ("features", features)), (2, 2))
     _check_pairs(pair_first, pair_second, features.device, sensitivities.shape[0], "sensitivities")
     return _sum("envsum", sensitivities, features, pair_first, pair_second, implementation)
 
 
-def sensesum(env, features, pair_first, pair_second, *, implementation=None):
+def sensesum(env: torch.Tensor, features: torch.Tensor, pair_first: torch.Tensor, pair_second: torch.Tensor,
+             implementation: Optional[str] = None) -> torch.Tensor:
     """Contract the environment of each pair's first atom with the features of its second atom:
     ``sense[p, nu] = sum_f env[pair_first[p], nu, f] * features[pair_second[p], f]``.
 
@@ -140,6 +170,14 @@ def sensesum(env, features, pair_first, pair_second, *, implementation=None):
         TypeError, ValueError, IndexError, RuntimeError: as for :func:`envsum` (also: ``env`` and ``features``
         disagree on ``n_atoms`` or ``n_feat``).
     """
+    if torch.jit.is_scripting():
+        _check_scripted("env", env, 3, "features", features, 2, pair_first, pair_second, pair_first.shape[0],
+                        "pair_first")
+        if env.shape[0] != features.shape[0] or env.shape[2] != features.shape[1]:
+            raise ValueError(f"env [n_atoms, n_nu, n_feat] and features [n_atoms, n_feat] disagree: shapes "
+                             f"{env.shape} and {features.shape}")
+        return torch.ops.sparse_accumulation.sensesum(env, features, pair_first, pair_second,
+                                                      "auto" if implementation is None else implementation)
     _check_data((("env", env), ("features", features)), (3, 2))
     _equal("n_atoms", "env.shape[0]", env.shape[0], "features.shape[0]", features.shape[0])
     _equal("n_feat", "env.shape[2]", env.shape[2], "features.shape[1]", features.shape[1])
@@ -147,7 +185,8 @@ def sensesum(env, features, pair_first, pair_second, *, implementation=None):
     return _sum("sensesum", env, features, pair_first, pair_second, implementation)
 
 
-def featsum(env, sense, pair_first, pair_second, *, implementation=None):
+def featsum(env: torch.Tensor, sense: torch.Tensor, pair_first: torch.Tensor, pair_second: torch.Tensor,
+            implementation: Optional[str] = None) -> torch.Tensor:
     """Contract the environment of each pair's first atom with the pair's sensitivities and sum onto the second
     atom: ``feat[pair_second[p], f] += sum_nu env[pair_first[p], nu, f] * sense[p, nu]``.
 
@@ -167,6 +206,13 @@ def featsum(env, sense, pair_first, pair_second, *, implementation=None):
         TypeError, ValueError, IndexError, RuntimeError: as for :func:`envsum` (also: ``env`` and ``sense``
         disagree on ``n_nu``).
     """
+    if torch.jit.is_scripting():
+        _check_scripted("env", env, 3, "sense", sense, 2, pair_first, pair_second, sense.shape[0], "sense")
+        if env.shape[1] != sense.shape[1]:
+            raise ValueError(f"n_nu: env.shape[1] is {env.shape[1]} but sense.shape[1] is {sense.shape[1]}; they "
+                             "must match")
+        return torch.ops.sparse_accumulation.featsum(env, sense, pair_first, pair_second,
+                                                     "auto" if implementation is None else implementation)
     _check_data((("env", env), ("sense", sense)), (3, 2))
     _equal("n_nu", "env.shape[1]", env.shape[1], "sense.shape[1]", sense.shape[1])
     _check_pairs(pair_first, pair_second, env.device, sense.shape[0], "sense")
