@@ -29,6 +29,10 @@ setup(
         "plot": ["matplotlib>=3.7"],  # the charts of `sparse-accumulation bench --output DIR`
         "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7", "hippynn>=0.1.3",
                  "opt_einsum_fx>=0.1.4"],
+        # what mace-torch's models, data pipeline and ASE calculator import; mace-torch itself goes in with
+        # `pip install --no-deps mace-torch` (it pins e3nn 0.4.4; its training command-line tools are not needed)
+        "mace": ["e3nn>=0.5", "opt_einsum_fx>=0.1.4", "ase>=3.23", "torch-ema>=0.3", "torchmetrics>=1.0",
+                 "pandas>=2.0", "matscipy>=1.0", "h5py>=3.8", "lmdb>=1.4", "orjson>=3.8"],
     },
     entry_points={"console_scripts": ["sparse-accumulation = sparse_accumulation.cli:main"]},
 )

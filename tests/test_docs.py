@@ -27,10 +27,14 @@ EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementation
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   pytest.param("hippynn.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("hippynn") is None, reason="the page's last example needs hippynn"))]
+# MACE's symmetric-contraction module (mace-torch installed with --no-deps), and what MACE's models, data
+# pipeline and ASE calculator import besides (the [mace] extra)
+MACE_MODULE = ("mace", "e3nn", "opt_einsum_fx")
+MACE_PACKAGE = MACE_MODULE + ("ase", "torch_ema", "torchmetrics", "pandas", "matscipy", "h5py", "lmdb", "orjson")
 # pages whose later examples need optional packages: without one of them, the page's blocks run up to the first
 # that fails to import it, and the test is skipped there; with them installed, every block runs (an ImportError
 # then fails the test)
-OPTIONAL_PACKAGES = {"mace.rst": ("mace", "e3nn", "opt_einsum_fx")}
+OPTIONAL_PACKAGES = {"mace.rst": MACE_PACKAGE}
 
 
 def _installed(name: str) -> bool:
@@ -104,7 +108,7 @@ def _mace_porting_block() -> str:
 def test_mace_porting_example_compares_with_maces_module():
     """With mace-torch installed as documented (``--no-deps``, as here and in CI), the porting example builds
     MACE's module and compares with it."""
-    missing = [name for name in OPTIONAL_PACKAGES["mace.rst"] if not _installed(name)]
+    missing = [name for name in MACE_MODULE if not _installed(name)]
     if missing:
         pytest.skip(f"needs {', '.join(missing)}")
     import torch

@@ -1,9 +1,11 @@
-"""MACE's symmetric contraction (product basis) as sparse polynomials on this library's kernels.
+"""MACE on this library's kernels: its symmetric contraction (product basis) as sparse polynomials, and whole models.
 
 :class:`SymmetricContraction` is a drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction``
 (mace-torch 0.3.16): the same constructor, call and parameters; :meth:`SymmetricContraction.from_mace` takes a
-MACE module with its weights. mace-torch itself is never imported here.
+MACE module with its weights. :func:`accelerate` converts a MACE model in place (its convolutions to fused
+message passing, :class:`Convolution`, and its symmetric contractions). mace-torch is never imported here.
 """
+from .accelerate import INTERACTION_BLOCKS, Convolution, accelerate
 from .symmetric_contraction import SymmetricContraction
 
-__all__ = ["SymmetricContraction"]
+__all__ = ["SymmetricContraction", "accelerate", "Convolution", "INTERACTION_BLOCKS"]

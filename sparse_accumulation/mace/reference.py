@@ -1,10 +1,10 @@
 """MACE's own symmetric contraction, the reference of the tests and benchmarks (mace-torch, imported lazily).
 
 mace-torch's package ``__init__`` files import its training tools (pandas, ase, torch-ema ...), which a test or
-benchmark environment may lack; :func:`mace_symmetric_contraction_module` imports only
-``mace.modules.symmetric_contraction`` (which needs e3nn and opt_einsum_fx), with empty ``mace``, ``mace.tools``
-and ``mace.modules`` package objects (their ``__path__`` the installed folders) put into ``sys.modules`` where
-those packages were not imported already.
+benchmark environment may lack; :func:`mace_symmetric_contraction_module` imports MACE's package as it is
+where it can, else only ``mace.modules.symmetric_contraction`` (which needs e3nn and opt_einsum_fx), with empty
+``mace``, ``mace.tools`` and ``mace.modules`` package objects (their ``__path__`` the installed folders) put into
+``sys.modules`` where those packages were not imported already.
 """
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ def mace_symmetric_contraction_module():
     found = sys.modules.get(_MODULE)
     if found is not None:
         return found
+    try:  # mace-torch with its dependencies: its own packages, so that later imports of MACE's models work
+        return importlib.import_module(_MODULE)
+    except ImportError:
+        pass
     package = sys.modules.get("mace")
     if package is not None:
         paths = list(getattr(package, "__path__", None) or [])

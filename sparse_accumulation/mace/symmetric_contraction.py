@@ -194,11 +194,16 @@ class SymmetricContraction(torch.nn.Module):
         if _zeroed is None:
             _zeroed = [[not mace_has_paths(coupling, term.ir, nu) for nu in range(1, order + 1)]
                        for term, order in zip(self.irreps_out, self.correlation)]
-        self.blocks = _couplings
         dtype = torch.get_default_dtype() if dtype is None else dtype
         self.contractions = torch.nn.ModuleList(
             _Weights([(self.num_elements, block.paths, self.channels) for block in blocks], internal_weights, zeroed,
-                     dtype, device) for blocks, zeroed in zip(self.blocks, _zeroed))
+                     dtype, device) for blocks, zeroed in zip(_couplings, _zeroed))
+        self._set_couplings(_couplings, dtype, device)
+
+    def _set_couplings(self, blocks, dtype, device) -> None:
+        """The programs and the ``couplings`` buffer ``B`` of ``blocks`` (per output irrep, the
+        :class:`~.couplings.Couplings` of each order, highest first)."""
+        self.blocks = blocks
         self.program, self.node_program, B = _programs(self.channels, self.dim_in,
                                                        [term.ir for term in self.irreps_out], self.blocks)
         self.register_buffer("couplings", torch.as_tensor(B, dtype=dtype, device=device), persistent=False)
@@ -210,11 +215,17 @@ class SymmetricContraction(torch.nn.Module):
                 f"num_elements={self.num_elements}, terms={self.couplings.shape[0]}")
 
     @classmethod
-    def from_mace(cls, module, *, implementation: Optional[str] = None) -> "SymmetricContraction":
+    def from_mace(cls, module, *, implementation: Optional[str] = None,
+                  mace_buffers: bool = False) -> "SymmetricContraction":
         """The contraction of a ``mace.modules.symmetric_contraction.SymmetricContraction`` with its weights
         (copied) and its own coupling tensors (any basis MACE built them in), on the weights' device and dtype.
         The weights MACE froze at zero are frozen here, as its ``weights_*_zeroed`` flags say (none where a
         module has no such flags).
+
+        With ``mace_buffers``, the result also holds copies of MACE's ``contractions.<i>.U_matrix_<nu>`` buffers
+        (not read by the computation), so that its state dict has MACE's keys, shapes and values and loads into
+        MACE's module, and MACE's into it, with ``strict=True``; a loaded ``U`` that differs from the one held
+        rebuilds the couplings from the loaded one, as MACE would compute with it.
 
         Raises:
             TypeError: ``module`` is not MACE's symmetric contraction.
@@ -226,23 +237,19 @@ class SymmetricContraction(torch.nn.Module):
         irreps_in = parse_irreps(module.irreps_in, "module.irreps_in")
         irreps_out = parse_irreps(module.irreps_out, "module.irreps_out")
         dim_in = sum(term.ir.dim for term in irreps_in)
-        blocks, weights, zeroed = [], [], []
-        for term, contraction in zip(irreps_out, contractions):
+        U_tensors, weights, zeroed = [], [], []
+        for contraction in contractions:
             order = int(contraction.correlation)
             tensors = [contraction.weights_max, *(contraction.weights or ())]
             if not all(isinstance(t, torch.Tensor) for t in tensors):
                 raise ValueError("module has no internal weights (MACE's internal_weights=False): from_mace copies "
                                  "a module's own weights")
             buffers = dict(contraction.named_buffers())
-            found = []
-            for nu in range(order, 0, -1):
-                U = buffers[f"U_matrix_{nu}"].detach().cpu()
-                tolerance = 64 * torch.finfo(U.dtype).eps
-                found.append(couplings_from_dense(U.to(torch.float64).numpy(), term.ir.dim, dim_in, nu, tolerance))
-            blocks.append(found)
+            U_tensors.append([buffers[f"U_matrix_{nu}"] for nu in range(order, 0, -1)])
             weights.append(tensors)
             names = [f"weights_{idx}_zeroed" for idx in range(order - 1)] + ["weights_max_zeroed"]
             zeroed.append([bool(buffers[name]) if name in buffers else False for name in names])
+        blocks = _dense_couplings(U_tensors, irreps_out, dim_in)
         first = weights[0][0]
         made = cls(irreps_in, irreps_out, [len(b) for b in blocks], num_elements=first.shape[0],
                    implementation=implementation, dtype=first.dtype, device=first.device, _couplings=blocks,
@@ -251,7 +258,27 @@ class SymmetricContraction(torch.nn.Module):
             for ours, theirs in zip(made.contractions, weights):
                 for target, source in zip(ours.tensors(), theirs):
                     target.copy_(source.detach())
+        if mace_buffers:
+            for ours, per_irrep in zip(made.contractions, U_tensors):
+                for nu, U in zip(range(len(per_irrep), 0, -1), per_irrep):
+                    ours.register_buffer(f"U_matrix_{nu}", U.detach().clone())
         return made
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        held, loaded = [], []
+        for i, blocks in enumerate(self.blocks):
+            names = [f"U_matrix_{nu}" for nu in range(len(blocks), 0, -1)]
+            buffers = dict(self.contractions[i].named_buffers(recurse=False))
+            held.append([buffers.get(name) for name in names])
+            loaded.append([state_dict.get(f"{prefix}contractions.{i}.{name}") for name in names])
+        if all(h is not None for hs in held for h in hs):  # made by from_mace(..., mace_buffers=True)
+            pairs = [(h, l) for hs, ls in zip(held, loaded) for h, l in zip(hs, ls)]
+            # a U of another shape or a missing one: load_state_dict reports it and copies nothing of it
+            if all(l is not None and l.shape == h.shape for h, l in pairs) and \
+                    any(not torch.equal(l.to(h.device, h.dtype), h) for h, l in pairs):
+                self._set_couplings(_dense_couplings(loaded, self.irreps_out, self.dim_in), self.couplings.dtype,
+                                    self.couplings.device)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def weight_table(self, weights=None) -> torch.Tensor:
         """``P [num_elements, terms * channels]``: each element's weight of every term, ``B @ W``."""
@@ -388,6 +415,20 @@ def _scripted_polynomial(program: str, tensors: List[torch.Tensor], elements: to
     order, starts = element_segments(elements, num_elements)
     return torch.ops.sparse_accumulation.polynomial(tensors, elements, order, starts, program, [0],
                                                     implementation)[0]
+
+
+def _dense_couplings(U_tensors, irreps_out, dim_in: int) -> list:
+    """Per output irrep, the :class:`~.couplings.Couplings` of MACE's dense ``U`` tensors of each order, highest
+    first (``U_tensors``: per output irrep, the tensors ``U_matrix_<nu>`` for ``nu`` from its correlation down)."""
+    blocks = []
+    for term, per_irrep in zip(irreps_out, U_tensors):
+        found = []
+        for nu, U in zip(range(len(per_irrep), 0, -1), per_irrep):
+            U = U.detach().cpu()
+            tolerance = 64 * torch.finfo(U.dtype).eps
+            found.append(couplings_from_dense(U.to(torch.float64).numpy(), term.ir.dim, dim_in, nu, tolerance))
+        blocks.append(found)
+    return blocks
 
 
 def _programs(channels: int, dim_in: int, irreps_out, blocks) -> tuple:

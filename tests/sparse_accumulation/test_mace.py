@@ -184,6 +184,40 @@ def test_from_mace_refuses_a_module_without_its_weights(generator):
         SymmetricContraction.from_mace(theirs)
 
 
+def test_from_mace_with_maces_buffers_has_maces_state(generator):
+    """``mace_buffers=True``: MACE's state dict key for key, values equal, strict loads both ways (a loaded state's
+    weights are then used)."""
+    theirs = mace_contraction(*FROZEN, generator)
+    ours = SymmetricContraction.from_mace(theirs, mace_buffers=True)
+    state, their_state = ours.state_dict(), theirs.state_dict()
+    assert set(state) == set(their_state)
+    assert all(torch.equal(state[name], their_state[name]) for name in state)
+    theirs = mace_contraction(*FROZEN, generator)  # fresh weights
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    _compare(theirs, ours, generator, nodes=7, second=False)
+    theirs = mace_contraction(*FROZEN, generator)
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    _compare(theirs, ours, generator, nodes=7, second=False)
+
+
+def test_loaded_coupling_tensors_are_computed_with(generator):
+    """A state whose U tensors differ from the module's (as another basis would give) rebuilds the couplings:
+    the output is MACE's with the loaded U tensors; a module without MACE's buffers is not affected by them."""
+    theirs = copy.deepcopy(mace_contraction(*SMALL, generator))
+    ours = SymmetricContraction.from_mace(theirs, mace_buffers=True)
+    with torch.no_grad():
+        for contraction in theirs.contractions:
+            for name, buffer in contraction.named_buffers():
+                if name.startswith("U_matrix_"):
+                    buffer.mul_(torch.rand((), generator=generator, dtype=buffer.dtype) + 0.5)
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    _compare(theirs, ours, generator, nodes=7, second=False)
+    plain = SymmetricContraction.from_mace(mace_contraction(*SMALL, generator))
+    before = plain.couplings.clone()
+    plain.load_state_dict(_state_of(theirs), strict=True)
+    assert torch.equal(plain.couplings, before)
+
+
 def _structure(module) -> tuple:
     """Parameter names, shapes, classes' freezing and ``requires_grad``; state-dict keys and flags (without
     MACE's U tensors, which this module does not hold)."""

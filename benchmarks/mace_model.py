@@ -1,0 +1,184 @@
+"""Benchmark of a whole MACE model, as MACE built it and converted by ``sparse_accumulation.mace.accelerate``:
+energies and forces (a molecular-dynamics step's model call) on a periodic crystal, with peak memory.
+
+    python benchmarks/mace_model.py --atoms 343                     # CPU
+    python benchmarks/mace_model.py --device cuda --atoms 4096 --json mace_model_h100.json
+
+The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor, random weights:
+``--channels`` x (0e + 1o) hidden irreps, spherical harmonics up to ``--max-ell``, ``--correlation``, two
+interactions of ``--interaction``, ``--elements`` elements, ``r_max`` ``--r-max``. The crystal: a simple cubic
+lattice of spacing 2.5 Angstrom, ``k^3`` atoms with ``k`` the cube root of ``--atoms`` rounded, positions
+jittered, elements drawn at random; its graph made by MACE's data pipeline (neighbour list, one-hot elements).
+
+Variants: ``mace`` (the model as MACE built it) and ``accelerated`` (``accelerate`` of a copy). A step is
+``model(batch, compute_force=True)`` (energies, forces from the gradient of the energy); the median of single
+steps after two warm-up steps, and ``peak MB``: the peak memory of one step above what was allocated before it
+(CUDA's allocator; on the CPU the resident memory, as in ``convolution.py``, after the memory glibc holds free is
+handed back). Before timing, the accelerated model is checked against MACE's in float64: energy, forces and
+stress.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import ctypes.util
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from convolution import peak_mb  # noqa: E402
+from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E402
+from sparse_accumulation.mace import accelerate  # noqa: E402
+from symmetric_contraction import cpu_name, versions  # noqa: E402
+
+VARIANTS = ("mace", "accelerated")
+SYMBOLS = ("H", "C", "N", "O", "Si", "Cu")
+
+
+def make_model(args):
+    """MACE's ScaleShiftMACE in float64, its trainable parameters moved off their initial values."""
+    from e3nn import o3
+    from mace import modules
+    from ase.data import atomic_numbers
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = modules.ScaleShiftMACE(
+            atomic_inter_scale=1.0, atomic_inter_shift=0.0, r_max=args.r_max, num_bessel=8, num_polynomial_cutoff=5,
+            max_ell=args.max_ell, interaction_cls=modules.interaction_classes[args.interaction],
+            interaction_cls_first=modules.interaction_classes[args.interaction], num_interactions=2,
+            num_elements=args.elements, hidden_irreps=o3.Irreps(f"{args.channels}x0e + {args.channels}x1o"),
+            MLP_irreps=o3.Irreps("16x0e"), gate=torch.nn.functional.silu,
+            atomic_energies=np.linspace(-5.0, -1.0, args.elements), avg_num_neighbors=30.0,
+            atomic_numbers=[atomic_numbers[s] for s in SYMBOLS[:args.elements]], correlation=args.correlation)
+    finally:
+        torch.set_default_dtype(previous)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return model
+
+
+def make_crystal(atoms: int, elements: int):
+    import ase
+
+    k = max(2, round(atoms ** (1 / 3)))
+    rng = np.random.default_rng(0)
+    grid = np.stack(np.meshgrid(*[np.arange(k)] * 3, indexing="ij"), -1).reshape(-1, 3) * 2.5
+    return ase.Atoms([SYMBOLS[i] for i in rng.integers(0, elements, len(grid))],
+                     positions=grid + rng.uniform(-0.2, 0.2, grid.shape), cell=np.eye(3) * 2.5 * k, pbc=True)
+
+
+def make_batch(crystal, model, dtype, device) -> dict:
+    """MACE's batch of one structure (its configuration, neighbour list, atomic data), in ``dtype`` on ``device``."""
+    from mace import data, tools
+    from mace.tools import torch_geometric
+
+    table = tools.AtomicNumberTable([int(z) for z in model.atomic_numbers])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        graph = data.AtomicData.from_config(data.config_from_atoms(crystal), z_table=table,
+                                            cutoff=float(model.r_max))
+    finally:
+        torch.set_default_dtype(previous)
+    return torch_geometric.Batch.from_data_list([graph]).to(device).to_dict()
+
+
+def release_freed_memory(device) -> None:
+    """On the CPU, hand the memory the allocator holds free back to the system (glibc's ``malloc_trim``), so that
+    the resident-memory peak of the next step counts what it allocates, not what an earlier step left free."""
+    name = ctypes.util.find_library("c")
+    if device.type == "cpu" and name is not None and hasattr(ctypes.CDLL(name), "malloc_trim"):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+def check(mace, accelerated, batch) -> float:
+    """The largest relative error of the accelerated model's energy, forces and stress against MACE's."""
+    expected = mace(dict(batch), compute_stress=True)
+    got = accelerated(dict(batch), compute_stress=True)
+    return max(((got[k] - expected[k]).abs().max() / expected[k].abs().max()).item()
+               for k in ("energy", "forces", "stress"))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--atoms", type=int, default=343, help="about this many atoms (a cube of the lattice)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
+    parser.add_argument("--channels", type=int, default=32)
+    parser.add_argument("--max-ell", type=int, default=3)
+    parser.add_argument("--correlation", type=int, default=3)
+    parser.add_argument("--elements", type=int, default=3)
+    parser.add_argument("--r-max", type=float, default=5.0)
+    parser.add_argument("--interaction", default="RealAgnosticResidualInteractionBlock")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=None, help="steps timed (default: 20 on CUDA, 7 on the CPU)")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="stop timing a variant after this long")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    repeats = args.repeats or (20 if device.type == "cuda" else 7)
+
+    started = time.perf_counter()
+    mace = make_model(args).to(device)
+    accelerated = accelerate(copy.deepcopy(mace))
+    crystal = make_crystal(args.atoms, args.elements)
+    error = check(mace, accelerated, make_batch(crystal, mace, torch.float64, device))
+    assert error < 1e-10, f"the accelerated model differs from MACE's by {error:.3g} (float64)"
+    models = {"mace": mace.to(dtype), "accelerated": accelerated.to(dtype)}
+    batch = make_batch(crystal, mace, dtype, device)
+    meta = {"command": "python benchmarks/mace_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+            "threads": torch.get_num_threads(), "versions": versions(), "dtype": args.dtype,
+            "atoms": len(crystal), "edges": int(batch["edge_index"].shape[1]), "channels": args.channels,
+            "max_ell": args.max_ell, "correlation": args.correlation, "elements": args.elements,
+            "r_max": args.r_max, "interaction": args.interaction, "check_float64": error,
+            "setup_seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(meta), flush=True)
+    rows = []
+    for variant in args.variants.split(","):
+        model = models[variant]
+
+        def step():
+            return model(dict(batch), compute_force=True)["forces"]
+
+        for _ in range(2):  # first calls: kernels loaded, elements sorted, MACE's einsum paths found
+            step()
+        deadline = time.perf_counter() + args.max_seconds
+        samples = [elapsed_ms(step, device)]
+        while len(samples) < repeats and time.perf_counter() < deadline:
+            samples.append(elapsed_ms(step, device))
+        release_freed_memory(device)
+        memory = peak_mb(step, device)
+        rows.append({"variant": variant, "ms": statistics.median(samples), "samples": len(samples),
+                     "peak_mb": memory})
+        print(f"  {len(crystal):,} atoms {variant:>11}: {rows[-1]['ms']:10.2f} ms (median of {len(samples)})  "
+              f"peak {memory:8.1f} MB", flush=True)
+        synchronize(device)
+    found = {r["variant"]: r for r in rows}
+    if len(found) == 2:
+        print(f"accelerated: {found['mace']['ms'] / found['accelerated']['ms']:.2f}x MACE's step time")
+    print(f"total {time.perf_counter() - started:.0f} s")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""MACE models on this library's kernels: :func:`accelerate` converts a model MACE built or loaded, in place.
+
+Two kinds of layer change, and nothing else:
+
+* each interaction block's convolution ``conv_tp`` (e3nn's ``TensorProduct``, mode ``"uvu"``, per-edge weights
+  from the radial network) becomes a :class:`Convolution`: the gather of the senders' features, the per-edge
+  weighted product with the edges' spherical harmonics and the sum over each receiver's edges in one call of
+  :class:`sparse_accumulation.e3nn.TensorProduct` (message passing, no per-edge message tensor where the
+  kernels fuse it). The block reaches it through MACE's own hook for fused convolutions: a block with a
+  ``conv_fusion`` attribute calls ``conv_tp(node_feats, edge_attrs, tp_weights, edge_index)`` in place of
+  ``conv_tp(node_feats[sender], ...)`` followed by ``scatter_sum``;
+* each product block's ``symmetric_contractions`` becomes :class:`~.symmetric_contraction.SymmetricContraction`
+  (:meth:`~.symmetric_contraction.SymmetricContraction.from_mace`).
+
+Both keep MACE's state dict, key for key (the tensors they do not compute with are held as they are), so MACE's
+checkpoints load into a converted model and its state loads back into MACE with ``strict=True``.
+
+mace-torch is imported when :func:`accelerate` runs, never when this module is imported.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from ..e3nn.tensor_product import TensorProduct
+from .symmetric_contraction import SymmetricContraction
+
+__all__ = ["accelerate", "Convolution", "INTERACTION_BLOCKS"]
+
+#: MACE's interaction block classes (``mace.modules.blocks``) whose convolution :func:`accelerate` replaces:
+#: every one mace-torch 0.3.16 ships; their ``forward`` takes the fused path when the block has ``conv_fusion``
+INTERACTION_BLOCKS = (
+    "RealAgnosticInteractionBlock",
+    "RealAgnosticResidualInteractionBlock",
+    "RealAgnosticDensityInteractionBlock",
+    "RealAgnosticDensityResidualInteractionBlock",
+    "RealAgnosticAttResidualInteractionBlock",
+    "RealAgnosticResidualNonLinearInteractionBlock",
+)
+
+#: model options whose layers run on other libraries' kernels: (attribute of MACE's blocks, what it turns on)
+_REFUSED_OPTIONS = (("cueq_config", "cuEquivariance"), ("oeq_config", "OpenEquivariance"))
+
+
+class Convolution(torch.nn.Module):
+    """MACE's interaction convolution and the sum of the messages at their receivers, as one fused call.
+
+    Made from a block's ``conv_tp`` (e3nn's ``o3.TensorProduct`` with per-edge weights, instructions in mode
+    ``"uvu"`` or ``"uuu"``): the same instructions and path weights on
+    :class:`sparse_accumulation.e3nn.TensorProduct` (attribute ``tensor_product``). Called as MACE's interaction
+    blocks call a fused convolution. The tensors of ``conv_tp``'s state (its empty ``weight``, ``output_mask``, the
+    Wigner 3j buffers of e3nn's generated code) are held under their names, unused, so that the state dict is
+    ``conv_tp``'s; a state whose values of them differ fails to load (MACE would compute with those values).
+
+    Args:
+        conv_tp: the block's e3nn ``TensorProduct``.
+        implementation: the kernels (None: the library default, numba on the CPU, Triton on CUDA).
+
+    Raises:
+        ImportError: e3nn is not installed.
+        TypeError: ``conv_tp`` is not e3nn's ``TensorProduct``.
+        ValueError: ``conv_tp`` has shared or internal weights (MACE's convolutions have neither).
+        NotImplementedError: an instruction in a mode other than ``"uvu"`` and ``"uuu"``.
+    """
+
+    def __init__(self, conv_tp: torch.nn.Module, *, implementation: Optional[str] = None):
+        super().__init__()
+        from e3nn import o3
+
+        if not isinstance(conv_tp, o3.TensorProduct):
+            raise TypeError(f"conv_tp must be e3nn's o3.TensorProduct, got {type(conv_tp).__module__}."
+                            f"{type(conv_tp).__qualname__}")
+        if conv_tp.shared_weights or conv_tp.internal_weights:
+            raise ValueError("conv_tp must take per-edge weights (shared_weights=False, internal_weights=False), as "
+                             "MACE's interaction blocks build it")
+        state = conv_tp.state_dict()
+        # e3nn's path_weight is sqrt(alpha); with both normalisations "none" the product scales by sqrt(path_weight)
+        instructions = [(ins.i_in1, ins.i_in2, ins.i_out, ins.connection_mode, ins.has_weight, ins.path_weight ** 2)
+                        for ins in conv_tp.instructions]
+        reference = state["output_mask"]
+        self.tensor_product = TensorProduct(
+            conv_tp.irreps_in1, conv_tp.irreps_in2, conv_tp.irreps_out, instructions, irrep_normalization="none",
+            path_normalization="none", shared_weights=False, internal_weights=False, dtype=reference.dtype,
+            implementation=implementation).to(reference.device)
+        self._held = tuple(state)
+        for name, tensor in state.items():
+            *path, leaf = name.split(".")
+            owner = self
+            for part in path:
+                if not hasattr(owner, part):
+                    owner.add_module(part, torch.nn.Module())
+                owner = getattr(owner, part)
+            owner.register_buffer(leaf, tensor.detach().clone())
+
+    @property
+    def weight_numel(self) -> int:
+        """The number of weights per edge (``tp_weights [edges, weight_numel]``)."""
+        return self.tensor_product.weight_numel
+
+    def forward(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
+                edge_index: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``out[i] = sum over edges e with edge_index[1, e] == i of conv_tp(node_feats[edge_index[0, e]],
+        edge_attrs[e], tp_weights[e])``.
+
+        Args:
+            node_feats: ``[nodes, irreps_in1.dim]``.
+            edge_attrs: ``[edges, irreps_in2.dim]`` (the edges' spherical harmonics).
+            tp_weights: ``[edges, weight_numel]``, of ``node_feats``' dtype.
+            edge_index: ``[2, edges]`` integer tensor, senders then receivers.
+
+        Returns:
+            ``[nodes, irreps_out.dim]`` of ``node_feats``' dtype.
+
+        Raises:
+            TypeError: no ``edge_index`` (a block that does not call MACE's fused convolution), dtypes that differ.
+            ValueError, IndexError: shapes that do not fit, indices out of range (see
+                :meth:`sparse_accumulation.e3nn.TensorProduct.forward`).
+        """
+        if edge_index is None:
+            raise TypeError("Convolution needs edge_index: it replaces conv_tp of MACE blocks that call it as a fused "
+                            "convolution, conv_tp(node_feats, edge_attrs, tp_weights, edge_index)")
+        return self.tensor_product(node_feats, edge_attrs, tp_weights, indices_1=edge_index[0],
+                                   indices_out=edge_index[1], size_out=node_feats.shape[0])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        for name in self._held:
+            loaded, held = state_dict.get(prefix + name), self.get_buffer(name)
+            if loaded is None or loaded.shape != held.shape or not held.is_floating_point():
+                continue
+            coarsest = max(torch.finfo(t.dtype).eps for t in (loaded, held) if t.is_floating_point())
+            scale = max(1.0, held.abs().max().item()) if held.numel() else 1.0
+            if not torch.allclose(loaded.to(held.device, torch.float64), held.to(torch.float64), rtol=0,
+                                  atol=16 * coarsest * scale):
+                error_msgs.append(f"{prefix}{name}: the values differ from those of the e3nn TensorProduct this "
+                                  "Convolution was made from, which it computes with")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+def _mace_blocks():
+    """``mace.modules.blocks`` (MACE's package with the dependencies its model code imports)."""
+    try:
+        return importlib.import_module("mace.modules.blocks")
+    except ImportError as error:
+        raise ImportError(f"sparse_accumulation.mace.accelerate needs mace-torch and the packages its models import "
+                          f"({error}); see the MACE page of the documentation for the install") from error
+
+
+def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
+               implementation: Optional[str] = None) -> torch.nn.Module:
+    """Put a MACE model's convolutions and symmetric contractions on this library's kernels, in place.
+
+    ``model`` is anything holding MACE's blocks as MACE builds or loads them: a ``MACE`` or ``ScaleShiftMACE``
+    (or another MACE model class), an interaction block, a product block. Every interaction block of a class in
+    :data:`INTERACTION_BLOCKS` gets a :class:`Convolution` as ``conv_tp`` (and MACE's ``conv_fusion`` attribute,
+    which makes its ``forward`` call it as one fused convolution), every ``EquivariantProductBasisBlock`` gets
+    :meth:`SymmetricContraction.from_mace(..., mace_buffers=True)
+    <sparse_accumulation.mace.SymmetricContraction.from_mace>` as ``symmetric_contractions``. The rest of the
+    model (embeddings, radial networks, linear layers, skip connections, readouts, MACE's ``forward``) is not
+    touched. Energies, forces and stress equal MACE's to rounding; the state dict is MACE's, key for key. Blocks
+    already converted are left as they are. Nothing is changed when an error is raised.
+
+    Args:
+        model: the MACE model or block (its parameters on any device, float32 or float64).
+        keep_unknown: leave interaction blocks of other classes (subclasses included: their ``forward`` may not
+            call the fused convolution) on MACE's code instead of raising; their product blocks are still
+            converted.
+        implementation: the kernels of the new layers (None: the library default).
+
+    Returns:
+        ``model``, converted.
+
+    Raises:
+        ImportError: mace-torch, or a package its model code imports, is not installed.
+        TypeError: ``model`` is not a ``torch.nn.Module`` or holds no MACE interaction or product block.
+        NotImplementedError: model options whose layers run on other kernels (an enabled ``cueq_config`` or
+            ``oeq_config``, or their modules in place of e3nn's and MACE's), or, without ``keep_unknown``, an
+            interaction block of a class not in :data:`INTERACTION_BLOCKS`; the message names each of them and
+            where it is.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a MACE model or block), got {type(model).__name__}")
+    blocks = _mace_blocks()
+    from e3nn import o3
+
+    mace_contraction = importlib.import_module("mace.modules.symmetric_contraction").SymmetricContraction
+    known = tuple(getattr(blocks, name) for name in INTERACTION_BLOCKS)
+    problems, interactions, products = [], [], []
+    for name, module in model.named_modules():
+        where = name or "the model"
+        for attribute, library in _REFUSED_OPTIONS:
+            config = getattr(module, attribute, None)
+            if config is not None and getattr(config, "enabled", False):
+                problems.append(f"{attribute} (enabled: {library} kernels) in {where}")
+        if isinstance(module, blocks.InteractionBlock):
+            if type(module) not in known:
+                if not keep_unknown:
+                    problems.append(f"interaction block class {type(module).__module__}.{type(module).__qualname__} "
+                                    f"({where}; pass keep_unknown=True to leave it on MACE's code)")
+            elif not isinstance(module.conv_tp, Convolution):
+                if type(module.conv_tp) is not o3.TensorProduct:
+                    problems.append(f"convolution of type {type(module.conv_tp).__module__}."
+                                    f"{type(module.conv_tp).__qualname__} in {where} (e3nn's TensorProduct expected)")
+                else:
+                    interactions.append(module)
+        elif isinstance(module, blocks.EquivariantProductBasisBlock):
+            contraction = module.symmetric_contractions
+            if not isinstance(contraction, SymmetricContraction):
+                if type(contraction) is not mace_contraction:
+                    problems.append(f"symmetric contraction of type {type(contraction).__module__}."
+                                    f"{type(contraction).__qualname__} in {where} (MACE's SymmetricContraction "
+                                    "expected)")
+                else:
+                    products.append(module)
+    if problems:
+        raise NotImplementedError("sparse_accumulation.mace.accelerate cannot run these parts of the model: "
+                                  + "; ".join(problems))
+    if not any(isinstance(m, (blocks.InteractionBlock, blocks.EquivariantProductBasisBlock))
+               for m in model.modules()):
+        raise TypeError(f"model holds no MACE interaction or product block: {type(model).__name__}")
+    convolutions = [Convolution(block.conv_tp, implementation=implementation) for block in interactions]
+    contractions = [SymmetricContraction.from_mace(block.symmetric_contractions, implementation=implementation,
+                                                   mace_buffers=True) for block in products]
+    for block, convolution in zip(interactions, convolutions):
+        block.conv_tp = convolution
+        block.conv_fusion = "sparse_accumulation"
+    for block, contraction in zip(products, contractions):
+        block.symmetric_contractions = contraction
+    return model

@@ -1,0 +1,306 @@
+"""``sparse_accumulation.mace.accelerate`` on MACE's own models (mace-torch 0.3.16, float64, random weights): energies,
+forces and stress against the model before conversion, on batches of a periodic crystal and a molecule made by
+MACE's data pipeline; parameter gradients of a force-training loss; the state dict both ways with ``strict=True``;
+``torch.save``; MACE's ASE calculator and a few molecular-dynamics steps; single blocks; the options refused.
+Skipped where mace-torch's package (with the packages its models, data and calculator import) is not importable."""
+import copy
+import functools
+import importlib
+import io
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+RTOL = 1e-10
+CLASSES = ["RealAgnosticInteractionBlock", "RealAgnosticResidualInteractionBlock",
+           "RealAgnosticDensityInteractionBlock", "RealAgnosticDensityResidualInteractionBlock",
+           "RealAgnosticAttResidualInteractionBlock", "RealAgnosticResidualNonLinearInteractionBlock"]
+SYMBOLS = ("H", "C", "O")
+
+
+def _mace_package():
+    """MACE's package with its models, data pipeline and ASE calculator, or skip the module."""
+    for name in ("e3nn", "opt_einsum_fx", "ase", "mace.calculators"):
+        pytest.importorskip(name)
+    modules = importlib.import_module("mace.modules")
+    if not hasattr(modules, "MACE"):  # the stand-in package of sparse_accumulation.mace.reference
+        pytest.skip("mace-torch's package did not import (installed without its dependencies)",
+                    allow_module_level=True)
+    return modules
+
+
+modules = _mace_package()
+ase = importlib.import_module("ase")
+from e3nn import o3  # noqa: E402
+from mace import data as mace_data  # noqa: E402
+from mace import tools as mace_tools  # noqa: E402
+from mace.tools import torch_geometric  # noqa: E402
+
+from sparse_accumulation.mace import Convolution, SymmetricContraction, accelerate  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def _built(interaction: str, scale_shift: bool, max_ell: int, correlation: int, hidden: str, elements: int):
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        first = "RealAgnosticInteractionBlock" if interaction == "RealAgnosticAttResidualInteractionBlock" \
+            else interaction
+        config = dict(r_max=4.0, num_bessel=6, num_polynomial_cutoff=5, max_ell=max_ell,
+                      interaction_cls=modules.interaction_classes[interaction],
+                      interaction_cls_first=modules.interaction_classes[first], num_interactions=2,
+                      num_elements=elements, hidden_irreps=o3.Irreps(hidden), MLP_irreps=o3.Irreps("8x0e"),
+                      gate=torch.nn.functional.silu, atomic_energies=np.linspace(-3.0, -1.0, elements),
+                      avg_num_neighbors=8.0, atomic_numbers=[ase.data.atomic_numbers[s] for s in SYMBOLS[:elements]],
+                      correlation=correlation, radial_MLP=[16, 16])
+        if scale_shift:
+            return modules.ScaleShiftMACE(atomic_inter_scale=1.3, atomic_inter_shift=-0.2, **config)
+        return modules.MACE(**config)
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def mace_model(generator, interaction="RealAgnosticResidualInteractionBlock", scale_shift=True, max_ell=2,
+               correlation=3, hidden="8x0e + 8x1o", elements=2):
+    """A float64 MACE model (built once per configuration: MACE's construction takes seconds), copied, with its
+    trainable parameters moved off their initial values by fresh random amounts."""
+    model = copy.deepcopy(_built(interaction, scale_shift, max_ell, correlation, hidden, elements))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.2 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return model
+
+
+def _rng(generator) -> np.random.Generator:
+    return np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=generator)))
+
+
+def structures(generator, elements=2) -> list:
+    """A periodic crystal (a jittered 2x2x2 cubic cell, skewed) and a molecule (jittered points), fresh random
+    elements among the model's."""
+    rng = _rng(generator)
+    grid = np.stack(np.meshgrid(*[np.arange(2)] * 3, indexing="ij"), -1).reshape(-1, 3) * 2.2
+    cell = np.eye(3) * 4.4 + rng.uniform(-0.3, 0.3, (3, 3))
+    crystal = ase.Atoms([SYMBOLS[i] for i in rng.integers(0, elements, len(grid))],
+                        positions=grid @ (cell / 4.4) + rng.uniform(-0.25, 0.25, grid.shape), cell=cell, pbc=True)
+    points = np.array([[0, 0, 0], [1.1, 0, 0], [0, 1.1, 0], [0, 0, 1.1], [1.1, 1.1, 0.3]])
+    molecule = ase.Atoms([SYMBOLS[i] for i in rng.integers(0, elements, len(points))],
+                         positions=points + rng.uniform(-0.15, 0.15, points.shape))
+    return [crystal, molecule]
+
+
+def batch(atoms_list, model) -> dict:
+    """MACE's batch of the structures: its configurations, neighbour lists, atomic data and data loader."""
+    table = mace_tools.AtomicNumberTable([int(z) for z in model.atomic_numbers])
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        graphs = [mace_data.AtomicData.from_config(mace_data.config_from_atoms(atoms), z_table=table,
+                                                   cutoff=float(model.r_max)) for atoms in atoms_list]
+    finally:
+        torch.set_default_dtype(previous)
+    loader = torch_geometric.dataloader.DataLoader(graphs, batch_size=len(graphs), shuffle=False, drop_last=False)
+    return next(iter(loader)).to_dict()
+
+
+def assert_close(ours, theirs, what):
+    scale = theirs.abs().max().item()
+    error = (ours - theirs).abs().max().item()
+    assert error <= RTOL * scale, f"{what}: error {error:.3g} for values up to {scale:.3g}"
+
+
+def assert_same_outputs(ours, theirs, data, stress=True):
+    expected = theirs(dict(data), compute_stress=stress)
+    got = ours(dict(data), compute_stress=stress)
+    for key in ("energy", "node_energy", "forces") + (("stress",) if stress else ()):
+        assert expected[key] is not None and got[key].dtype == torch.float64
+        assert_close(got[key], expected[key], key)
+
+
+def assert_converted(model):
+    for block in model.interactions:
+        assert isinstance(block.conv_tp, Convolution)
+    for block in model.products:
+        assert isinstance(block.symmetric_contractions, SymmetricContraction)
+
+
+@pytest.mark.parametrize("scale_shift", [True, False])
+@pytest.mark.parametrize("interaction", [
+    CLASSES[0], CLASSES[1], *[pytest.param(name, marks=pytest.mark.slow) for name in CLASSES[2:]]])
+def test_energies_forces_and_stress_equal_maces(generator, interaction, scale_shift):
+    model = mace_model(generator, interaction, scale_shift)
+    ours = accelerate(copy.deepcopy(model))
+    assert_converted(ours)
+    assert_same_outputs(ours, model, batch(structures(generator), model))
+
+
+@pytest.mark.slow
+def test_higher_degrees_three_elements_and_correlation_two(generator):
+    model = mace_model(generator, max_ell=3, correlation=2, hidden="8x0e + 8x1o + 8x2e", elements=3)
+    ours = accelerate(copy.deepcopy(model))
+    assert_same_outputs(ours, model, batch(structures(generator, elements=3), model))
+
+
+def test_force_training_gradients_equal_maces(generator):
+    """The gradients of every parameter of an energy and force loss (second derivatives through both layers)."""
+    model = mace_model(generator)
+    ours = accelerate(copy.deepcopy(model))
+    data = batch(structures(generator), model)
+    for module in (model, ours):
+        out = module(dict(data), training=True)
+        (out["energy"].square().sum() + out["forces"].square().sum()).backward()
+    compared = 0
+    for (name, theirs), mine in zip(model.named_parameters(), (ours.get_parameter(n) for n, _ in
+                                                               model.named_parameters())):
+        if theirs.grad is None:
+            assert mine.grad is None or not mine.grad.any(), name
+            continue
+        assert_close(mine.grad, theirs.grad, name)
+        compared += 1
+    assert compared == sum(p.requires_grad for p in model.parameters())
+
+
+def test_state_dict_loads_both_ways_strictly(generator):
+    model = mace_model(generator)
+    ours = accelerate(copy.deepcopy(model))
+    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    data = batch(structures(generator), model)
+    other = mace_model(generator)  # the same architecture, other weights: a checkpoint into the converted model
+    ours.load_state_dict(other.state_dict(), strict=True)
+    assert_same_outputs(ours, other, data)
+    ours.load_state_dict(mace_model(generator).state_dict(), strict=True)
+    model.load_state_dict(ours.state_dict(), strict=True)  # and back into MACE
+    assert_same_outputs(ours, model, data)
+
+
+def test_a_state_with_other_convolution_coefficients_is_refused(generator):
+    model = mace_model(generator)
+    ours = accelerate(copy.deepcopy(model))
+    state = model.state_dict()
+    state["interactions.1.conv_tp.output_mask"] = torch.zeros_like(state["interactions.1.conv_tp.output_mask"])
+    with pytest.raises(RuntimeError, match=r"interactions\.1\.conv_tp\.output_mask: the values differ"):
+        ours.load_state_dict(state)
+
+
+def test_torch_save_and_load(generator, tmp_path):
+    model = mace_model(generator)
+    ours = accelerate(copy.deepcopy(model))
+    torch.save(ours, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert_converted(loaded)
+    assert_same_outputs(loaded, model, batch(structures(generator), model))
+    buffer = io.BytesIO()
+    torch.save(loaded.state_dict(), buffer)
+    buffer.seek(0)
+    model.load_state_dict(torch.load(buffer), strict=True)
+
+
+def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
+    """MACE's ASE calculator loads the saved model: energy, forces, stress equal MACE's, and so do a few steps of
+    velocity Verlet dynamics; float32 (the calculator's conversion) within float32 rounding."""
+    from ase.md.verlet import VelocityVerlet
+    from mace.calculators import MACECalculator
+
+    model = mace_model(generator)
+    torch.save(model, tmp_path / "mace.model")
+    torch.save(accelerate(copy.deepcopy(model)), tmp_path / "accelerated.model")
+    crystal = structures(generator)[0]
+    results = {}
+    for name in ("mace", "accelerated"):
+        atoms = crystal.copy()
+        atoms.calc = MACECalculator(model_paths=str(tmp_path / f"{name}.model"), device="cpu",
+                                    default_dtype="float64")
+        first = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
+        atoms.set_momenta(np.full((len(atoms), 3), 0.05))
+        VelocityVerlet(atoms, timestep=0.5 * ase.units.fs).run(5)
+        results[name] = (*first, atoms.get_positions(), atoms.get_potential_energy())
+    for what, ours, theirs in zip(["energy", "forces", "stress", "positions after 5 steps", "energy after 5 steps"],
+                                  results["accelerated"], results["mace"]):
+        assert np.abs(np.asarray(ours) - theirs).max() <= RTOL * np.abs(theirs).max(), what
+    atoms = crystal.copy()
+    atoms.calc = MACECalculator(model_paths=str(tmp_path / "accelerated.model"), device="cpu",
+                                default_dtype="float32")
+    assert abs(atoms.get_potential_energy() - results["mace"][0]) <= 1e-5 * abs(results["mace"][0])
+
+
+def test_single_blocks(generator):
+    """An interaction block and a product block given alone; a second conversion changes nothing."""
+    model = mace_model(generator)
+    ours = copy.deepcopy(model)
+    block = accelerate(ours.interactions[1])
+    assert isinstance(block.conv_tp, Convolution) and hasattr(block, "conv_fusion")
+    assert not isinstance(ours.products[1].symmetric_contractions, SymmetricContraction)
+    accelerate(ours.products[1])
+    assert isinstance(ours.products[1].symmetric_contractions, SymmetricContraction)
+    data = batch(structures(generator), model)
+    assert_same_outputs(ours, model, data)
+    converted = [ours.interactions[1].conv_tp, ours.products[1].symmetric_contractions]
+    accelerate(ours)
+    accelerate(ours)
+    assert [ours.interactions[1].conv_tp, ours.products[1].symmetric_contractions] == converted
+    assert_converted(ours)
+    assert_same_outputs(ours, model, data)
+
+
+def _types(model) -> list:
+    return [type(m) for m in model.modules()]
+
+
+def test_enabled_cuequivariance_or_openequivariance_is_refused(generator):
+    model = mace_model(generator)
+    cueq = modules.wrapper_ops.CuEquivarianceConfig()
+    cueq.enabled = True  # as in a model MACE built with cuequivariance installed
+    model.interactions[1].cueq_config = cueq
+    model.products[0].oeq_config = modules.wrapper_ops.OEQConfig()
+    model.products[0].oeq_config.enabled = True
+    before = _types(model)
+    with pytest.raises(NotImplementedError, match=r"cueq_config \(enabled: cuEquivariance kernels\) in "
+                                                  r"interactions\.1.*oeq_config .* in products\.0"):
+        accelerate(model)
+    assert _types(model) == before
+
+
+def test_unknown_interaction_blocks_are_refused_or_kept(generator):
+    model = mace_model(generator)
+    Subclass = type("MyInteractionBlock", (modules.RealAgnosticResidualInteractionBlock,), {})
+    model.interactions[1].__class__ = Subclass
+    before = _types(model)
+    with pytest.raises(NotImplementedError, match=r"interaction block class .*MyInteractionBlock \(interactions\.1; "
+                                                  r"pass keep_unknown=True"):
+        accelerate(model)
+    assert _types(model) == before
+    ours = accelerate(copy.deepcopy(model), keep_unknown=True)
+    assert isinstance(ours.interactions[0].conv_tp, Convolution)
+    assert isinstance(ours.interactions[1].conv_tp, o3.TensorProduct) and not hasattr(ours.interactions[1],
+                                                                                       "conv_fusion")
+    assert all(isinstance(p.symmetric_contractions, SymmetricContraction) for p in ours.products)
+    assert_same_outputs(ours, model, batch(structures(generator), model))
+
+
+def test_other_layers_in_place_of_maces_are_refused(generator):
+    model = mace_model(generator)
+    model.interactions[0].conv_tp = torch.nn.Identity()
+    model.products[1].symmetric_contractions = torch.nn.Identity()
+    with pytest.raises(NotImplementedError, match=r"convolution of type torch\.nn\.modules\.linear\.Identity in "
+                                                  r"interactions\.0.*symmetric contraction of type .*Identity in "
+                                                  r"products\.1"):
+        accelerate(model)
+
+
+def test_what_is_not_a_mace_model_is_refused():
+    with pytest.raises(TypeError, match="must be a torch.nn.Module"):
+        accelerate("model.pt")
+    with pytest.raises(TypeError, match="holds no MACE interaction or product block"):
+        accelerate(torch.nn.Linear(2, 2))
+
+
+def test_without_maces_package_the_error_says_so(monkeypatch):
+    for name in [n for n in sys.modules if n == "mace" or n.startswith("mace.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mace", None)
+    with pytest.raises(ImportError, match="needs mace-torch"):
+        accelerate(torch.nn.Linear(2, 2))
