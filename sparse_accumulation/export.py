@@ -1,0 +1,152 @@
+"""Programs for AOTInductor: the library's ops written in plain torch, so that a package runs without it.
+
+``torch.export`` keeps each call of a rule op (``torch.ops.sparse_accumulation.accumulate``) as one node, which
+only a process that imported sparse_accumulation can run. :func:`decompositions` maps the rule ops to functions
+of aten ops (``index_select``, ``mul``, ``index_add``, ``sum``) that compute the same values; with them
+:func:`export_for_aoti` returns an exported program with no op of this library left in it, which
+``torch._inductor.aoti_compile_and_package`` compiles into code of its own (C++ on the CPU, Triton on CUDA)
+and ``torch._inductor.aoti_load_package`` (or libtorch's ``AOTIModelPackageLoader``) runs anywhere torch runs.
+
+The decompositions materialise every product ``X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]`` (``[rows, nnz]``
+elements) before summing it: inductor fuses the gather and the product, but the result is not the
+library's kernels (see the docs, "Deploying a model", for measured costs).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Sequence
+
+import torch
+from torch import Tensor
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.overrides import TorchFunctionMode
+
+from .descriptors.rules import Rule
+from .kernels import accumulation_dtype
+
+_OPS = torch.ops.sparse_accumulation
+
+
+def _index(rule: Rule, name: str, device) -> Tensor:
+    # a new tensor, not the rule's cached one, which a trace must not capture or replace
+    return torch.from_numpy(rule.array(name).copy()).to(device)
+
+
+def _factors(rule: Rule, operands, names, device, dtype):
+    """``operand[..., index]`` for each operand and index name, in the computation's dtype."""
+    return [t.to(dtype).index_select(-1, _index(rule, name, device)) for t, name in zip(operands, names)]
+
+
+def _product(factors, C: Tensor) -> Tensor:
+    result = C
+    for factor in factors:
+        result = factor * result
+    return result
+
+
+def _scatter(values: Tensor, rule: Rule, name: str, size: int, lead) -> Tensor:
+    """``out[..., index[k]] += values[..., k]`` over the leading shape ``lead``."""
+    values = values.expand(*lead, values.shape[-1])
+    out = values.new_zeros((*lead, size))
+    return out.index_add(-1, _index(rule, name, values.device), values)
+
+
+def _accumulate(X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str, implementation: str) -> Tensor:
+    """``accumulate`` in aten ops: ``[*broadcast leading shape, output_size]`` in the dtype of ``X1``."""
+    del implementation
+    rule = Rule.from_key(rule)
+    operands = (X1, X2) if W is None else (X1, X2, W)
+    dtype = accumulation_dtype(X1.dtype)
+    lead = torch.broadcast_shapes(*(t.shape[:-1] for t in operands))
+    factors = _factors(rule, operands, ("m1", "m2", "w"), X1.device, dtype)
+    return _scatter(_product(factors, C.to(dtype)), rule, "mu", rule.output_size, lead).to(X1.dtype)
+
+
+def _accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Tensor], C: Tensor, rule: str,
+                         implementation: str, want_x1: bool, want_x2: bool, want_w: bool, want_c: bool):
+    """``accumulate_backward`` in aten ops: ``(dX1, dX2, dW, dC)`` of the inputs' shapes (summed over what each
+    broadcasts), an empty tensor where not wanted."""
+    del implementation
+    rule = Rule.from_key(rule)
+    operands = (X1, X2) if W is None else (X1, X2, W)
+    names = ("m1", "m2", "w")[:len(operands)]
+    wanted = (want_x1, want_x2, want_w and W is not None)
+    dtype = accumulation_dtype(X1.dtype)
+    lead = G.shape[:-1]
+    gathered = _factors(rule, (G,) + operands, ("mu",) + names, X1.device, dtype)
+    coefficients = C.to(dtype)
+    grads = []
+    for slot, (t, name) in enumerate(zip(operands, names)):
+        if not wanted[slot]:
+            grads.append(X1.new_empty(0))
+            continue
+        others = [f for j, f in enumerate(gathered) if j != slot + 1]
+        full = _scatter(_product(others, coefficients), rule, name, t.shape[-1], lead)
+        grads.append(full.sum_to_size(t.shape).to(X1.dtype))
+    grads += [X1.new_empty(0)] * (3 - len(operands))
+    dC = _product(gathered, torch.ones_like(coefficients)).reshape(-1, rule.nnz).sum(0).to(X1.dtype) if want_c \
+        else X1.new_empty(0)
+    return (*grads, dC)
+
+
+def decompositions() -> Dict[Any, Callable]:
+    """The library's ops that :func:`export_for_aoti` replaces, each with a function of aten ops.
+
+    Returns:
+        A new dict from op overloads (``torch.ops.sparse_accumulation.accumulate.default`` and
+        ``accumulate_backward.default``, the rule ops that the modules call under ``torch.export``) to
+        functions with the ops' signatures, which call aten ops only.
+    """
+    return {_OPS.accumulate.default: _accumulate, _OPS.accumulate_backward.default: _accumulate_backward}
+
+
+class _Decomposing(TorchFunctionMode):
+    """Calls of the ops in ``table`` run the table's functions instead (and are traced as those)."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = table
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return self.table.get(func, func)(*args, **(kwargs or {}))
+
+
+def export_for_aoti(model: torch.nn.Module, args: Sequence[Any], *, dynamic_shapes=None,
+                    trace_autograd: bool = False) -> torch.export.ExportedProgram:
+    """Export ``model`` on ``args`` with the library's ops replaced by aten ops (:func:`decompositions`).
+
+    The replacement happens while tracing (a ``TorchFunctionMode``), not with
+    ``ExportedProgram.run_decompositions``, which in torch 2.13 fails on a decomposition that makes a tensor
+    constant (the rule's indices).
+
+    Args:
+        model: a module built from the library's layers.
+        args: example inputs of ``model.forward`` (a tuple or list).
+        dynamic_shapes: as for ``torch.export.export``; not with ``trace_autograd``.
+        trace_autograd: for a forward that calls ``torch.autograd.grad`` (forces as minus the gradient of the
+            energy), which ``torch.export.export`` does not export (torch 2.13). The forward is traced first
+            with ``torch.fx.experimental.proxy_tensor.make_fx`` on the real ``args``, which runs autograd
+            while tracing and records the gradient's ops; that graph is then exported. Its shapes are those of
+            ``args`` (static), and the parameters and buffers are constants of the program.
+
+    Returns:
+        An ``ExportedProgram`` of aten ops only (``run_decompositions`` applied), for
+        ``torch._inductor.aoti_compile_and_package``.
+
+    Raises:
+        ValueError: ``dynamic_shapes`` with ``trace_autograd``.
+        NotImplementedError: the model calls an op of this library that has no decomposition (the graph,
+            polynomial and pair-sum ops); the message names it.
+    """
+    args = tuple(args)
+    if trace_autograd and dynamic_shapes is not None:
+        raise ValueError("trace_autograd traces static shapes: dynamic_shapes must be None")
+    with _Decomposing(decompositions()):
+        if trace_autograd:
+            model = make_fx(model, tracing_mode="real")(*args)
+        program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
+    program = program.run_decompositions()
+    remaining = sorted({str(node.target) for node in program.graph.nodes
+                        if node.op == "call_function" and str(node.target).startswith("sparse_accumulation.")})
+    if remaining:
+        raise NotImplementedError(f"no decomposition for AOTInductor of {', '.join(remaining)}")
+    return program
