@@ -1,0 +1,204 @@
+"""AOTInductor on the CPU: export_for_aoti replaces the rule ops by aten ops; the package runs in a process that
+cannot import sparse_accumulation, from Python and from the C++ example, with the eager model's values."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import sparse_accumulation as sa
+from sparse_accumulation.export import decompositions, export_for_aoti
+
+o3 = pytest.importorskip("e3nn.o3")
+from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+# a child that cannot import sparse_accumulation, so that the package alone must compute the values
+BLOCKED = ("import sys\n"
+           "class Blocked:\n"
+           "    def find_spec(self, name, path=None, target=None):\n"
+           "        if name.partition('.')[0] == 'sparse_accumulation':\n"
+           "            raise ImportError('sparse_accumulation is blocked in this process')\n"
+           "sys.meta_path.insert(0, Blocked())\n")
+
+
+def _relative(a, b):
+    return float((a.detach() - b.detach()).abs().max() / b.detach().abs().max())
+
+
+class Interaction(torch.nn.Module):
+    """Energy of a message-passing tensor product over fixed edges, and with ``forces`` minus its gradient."""
+
+    def __init__(self, forces: bool, nodes: int = 5):
+        super().__init__()
+        irreps = o3.Irreps("4x0e + 4x1o")
+        instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True),
+                        (1, 1, 0, "uvu", True)]
+        self.tp = TensorProduct(irreps, "0e + 1o", irreps, instructions, shared_weights=False,
+                                internal_weights=False, dtype=torch.float64)
+        self.sh = o3.SphericalHarmonics("0e + 1o", normalize=True, normalization="component")
+        self.radial = torch.nn.Linear(3, self.tp.weight_numel, dtype=torch.float64)
+        self.features = torch.nn.Parameter(torch.randn(nodes, irreps.dim, dtype=torch.float64))
+        pairs = [(i, j) for i in range(nodes) for j in range(nodes) if i != j]
+        self.register_buffer("src", torch.tensor([i for i, _ in pairs]))
+        self.register_buffer("dst", torch.tensor([j for _, j in pairs]))
+        self.forces = forces
+
+    def energy(self, positions):
+        vectors = positions[self.dst] - positions[self.src]
+        lengths = vectors.pow(2).sum(-1, keepdim=True).sqrt()
+        weights = self.radial(torch.cat([lengths, lengths.cos(), lengths.sin()], dim=-1))
+        nodes = self.tp(self.features, self.sh(vectors), weights, indices_1=self.src, indices_out=self.dst,
+                        size_out=positions.shape[0])
+        return nodes[:, :4].tanh().sum()
+
+    def forward(self, positions):
+        if not self.forces:
+            return self.energy(positions)
+        positions = positions.detach().requires_grad_(True)
+        energy = self.energy(positions)
+        return energy, -torch.autograd.grad([energy], [positions])[0]
+
+
+class Products(torch.nn.Module):
+    """A CG path and a weighted product (a weighted rule, broadcast operands)."""
+
+    def __init__(self):
+        super().__init__()
+        self.path = sa.CGCalculatorSingle(2, 1, 2, dtype=torch.float64)
+        self.product = sa.ClebschGordanProduct(1, 1, lmax_out=1, weights=True, dtype=torch.float64)
+
+    def forward(self, X1, X2, F):
+        return self.path(X1, X2).sum(-1) + self.product(F, F).sum((-2, -1))
+
+
+def _products_inputs(generator, rows):
+    return (torch.randn(rows, 5, generator=generator, dtype=torch.float64),
+            torch.randn(rows, 3, generator=generator, dtype=torch.float64),
+            torch.randn(rows, 2, 4, generator=generator, dtype=torch.float64))
+
+
+def _no_library_ops(program):
+    return not any(str(node.target).startswith("sparse_accumulation.")
+                   for node in program.graph.nodes if node.op == "call_function")
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_decompositions_match_the_kernels_forward_and_backward(generator, weighted):
+    m1, m2, mu, C = sa.get_cg_transformation_rule(2, 1, 2, dtype=torch.float64)
+    w = torch.randint(0, 3, (len(C),), generator=generator) if weighted else None
+    rule = sa.Rule(m1, m2, mu, 5, input_sizes=(5, 3), w=w, weight_size=3 if weighted else None)
+    X1 = torch.randn(4, 1, 5, generator=generator, dtype=torch.float64)
+    X2 = torch.randn(1, 6, 3, generator=generator, dtype=torch.float64)
+    W = torch.randn(4, 6, 3, generator=generator, dtype=torch.float64) if weighted else None
+    G = torch.randn(4, 6, 5, generator=generator, dtype=torch.float64)
+    ops = torch.ops.sparse_accumulation
+    table = decompositions()
+    args = (X1, X2, W, C, rule.key, "numba")
+    assert _relative(table[ops.accumulate.default](*args), ops.accumulate(*args)) <= 1e-12
+    wanted = (True, True, weighted, True)
+    got = table[ops.accumulate_backward.default](G, *args, *wanted)
+    expected = ops.accumulate_backward(G, *args, *wanted)
+    for a, b, want in zip(got, expected, wanted):
+        assert a.shape == b.shape
+        if want:
+            assert _relative(a, b) <= 1e-12
+
+
+def test_export_for_aoti_leaves_no_library_op_and_keeps_dynamic_rows(generator):
+    model = Products()
+    batch = torch.export.Dim("batch", min=2)
+    program = export_for_aoti(model, _products_inputs(generator, 6),
+                              dynamic_shapes=({0: batch}, {0: batch}, {0: batch}))
+    assert _no_library_ops(program)
+    for rows in (3, 17):
+        inputs = _products_inputs(generator, rows)
+        assert _relative(program.module()(*inputs), model(*inputs)) <= 1e-12
+
+
+def test_export_for_aoti_with_forces(generator):
+    model = Interaction(forces=True)
+    positions = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    program = export_for_aoti(model, (positions,), trace_autograd=True)
+    assert _no_library_ops(program)
+    other = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    for got, expected in zip(program.module()(other), model(other)):
+        assert _relative(got, expected) <= 1e-12
+
+
+def test_export_for_aoti_rejects_what_it_cannot_do(generator):
+    with pytest.raises(ValueError, match="static shapes"):
+        export_for_aoti(Products(), _products_inputs(generator, 4), dynamic_shapes=({}, {}, {}),
+                        trace_autograd=True)
+
+    class Indexed(torch.nn.Module):  # the tensor API: index tensors as data, no decomposition
+        def forward(self, X1, X2):
+            m1, m2, mu, C = sa.get_cg_transformation_rule(1, 1, 1, dtype=torch.float64)
+            return sa.accumulate(X1, X2, mu, 3, m1, m2, C)
+
+    X = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match="accumulate_indexed"):
+        export_for_aoti(Indexed(), (X, X))
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory):
+    """AOTInductor packages of the energy model and of the energy-and-forces model, their inputs and the
+    eager values (numba kernels)."""
+    folder = tmp_path_factory.mktemp("aoti")
+    generator = torch.Generator().manual_seed(7)
+    positions = torch.randn(5, 3, generator=generator, dtype=torch.float64)
+    torch.manual_seed(7)
+    made = {}
+    for forces in (False, True):
+        model = Interaction(forces)
+        program = export_for_aoti(model, (positions,), trace_autograd=forces)
+        path = str(folder / f"{'forces' if forces else 'energy'}.pt2")
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
+        expected = model(positions)
+        made[forces] = (path, expected if forces else (expected,))
+    torch.save(positions, folder / "positions.pt")
+    return folder, positions, made
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("forces", [False, True])
+def test_package_runs_without_sparse_accumulation(packages, forces):
+    folder, _, made = packages
+    path, expected = made[forces]
+    code = BLOCKED + (f"import torch\n"
+                      f"loaded = torch._inductor.aoti_load_package({path!r})\n"
+                      f"outputs = loaded(torch.load({str(folder / 'positions.pt')!r}))\n"
+                      f"outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]\n"
+                      f"assert 'sparse_accumulation' not in sys.modules\n"
+                      f"torch.save([o.detach() for o in outputs], {str(folder / 'outputs.pt')!r})\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = torch.load(folder / "outputs.pt")
+    assert len(outputs) == len(expected)
+    for got, value in zip(outputs, expected):
+        assert _relative(got, value) <= 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cmake") is None or not any(shutil.which(c) for c in ("c++", "g++", "clang++")),
+                    reason="needs cmake and a C++ compiler")
+def test_cpp_example_prints_the_energy(packages, tmp_path):
+    _, positions, made = packages
+    path, (energy, _) = made[True]
+    build = tmp_path / "build"
+    subprocess.run(["cmake", "-S", str(ROOT / "examples" / "aoti_loader"), "-B", str(build),
+                    f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"], check=True, capture_output=True,
+                   timeout=300)
+    subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 1)], check=True,
+                   capture_output=True, timeout=600)
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text(f"{positions.dim()} {' '.join(map(str, positions.shape))}\n"
+                      + " ".join(repr(float(v)) for v in positions.reshape(-1)) + "\n")
+    result = subprocess.run([str(build / "aoti_loader"), path, str(inputs)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert abs(float(result.stdout.split()[0]) - float(energy)) <= 1e-12 * abs(float(energy))
