@@ -1,45 +1,58 @@
-"""Cost of an AOTInductor package on the CPU: the potential of ``examples/interaction_model.py`` (energies and
-forces) run by the library's numba kernels in eager mode against its package, where the rule ops are the
-decompositions of :mod:`sparse_accumulation.export` compiled by inductor.
+"""Cost of an AOTInductor package on the CPU: a message-passing tensor product
+(:class:`sparse_accumulation.e3nn.TensorProduct`, its rule op) with energies and forces, run by the library's
+numba kernels in eager mode against its package, where the rule ops are the decompositions of
+:mod:`sparse_accumulation.export` compiled by inductor.
 
-    python benchmarks/aoti_cpu.py [--molecules 8] [--repeats 20]
+    python benchmarks/aoti_cpu.py [--atoms 64] [--neighbours 16] [--channels 4] [--repeats 20]
 
-Sizes: the example's full configuration (12 atoms per molecule, 16 channels, 3 layers), every molecule a
-complete graph (132 edges each), float64. Prints the build times, the largest relative differences of the
-package's energies and forces from eager, and median times per call.
+The model: node features ``channels x (0e + 1o)`` of every atom, times the spherical harmonics ``0e + 1o`` of
+its edges' vectors, every "uvu" path weighted per edge by a linear radial map, summed at the edge's
+destination; the energy is the sum of ``tanh`` of the scalars; forces are minus its gradient. Edges: each
+atom's ``neighbours`` next atoms (cyclically), float64. Prints the build times, the largest relative
+differences of the package's energies and forces from eager, and median times per call.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import torch
+from e3nn import o3
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import interaction_model as example  # noqa: E402
-
-from sparse_accumulation.export import export_for_aoti  # noqa: E402
+from sparse_accumulation.e3nn import TensorProduct
+from sparse_accumulation.export import export_for_aoti
 
 
-class EnergiesAndForces(torch.nn.Module):
-    """``positions [atoms, 3]`` -> ``(energies [molecules], forces [atoms, 3])`` of fixed molecules."""
+class EnergyAndForces(torch.nn.Module):
+    """``positions [atoms, 3]`` -> ``(energy [], forces [atoms, 3])`` over fixed edges."""
 
-    def __init__(self, potential, species, src, dst, molecules: int):
+    def __init__(self, atoms: int, neighbours: int, channels: int):
         super().__init__()
-        self.potential, self.molecules = potential, molecules
-        self.register_buffer("species", species)
+        irreps = o3.Irreps(f"{channels}x0e + {channels}x1o")
+        instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True),
+                        (1, 1, 0, "uvu", True)]
+        self.tp = TensorProduct(irreps, "0e + 1o", irreps, instructions, shared_weights=False,
+                                internal_weights=False, dtype=torch.float64)
+        self.sh = o3.SphericalHarmonics("0e + 1o", normalize=True, normalization="component")
+        self.radial = torch.nn.Linear(3, self.tp.weight_numel, dtype=torch.float64)
+        self.features = torch.nn.Parameter(torch.randn(atoms, irreps.dim, dtype=torch.float64))
+        self.channels = channels
+        src = torch.arange(atoms).repeat_interleave(neighbours)
         self.register_buffer("src", src)
-        self.register_buffer("dst", dst)
+        self.register_buffer("dst", (src + torch.arange(1, neighbours + 1).repeat(atoms)) % atoms)
 
     def forward(self, positions):
         positions = positions.detach().requires_grad_(True)
-        energies = self.potential(positions, self.species, self.src, self.dst, self.molecules)
-        gradient = torch.autograd.grad([energies.sum()], [positions])[0]
-        return energies, -gradient
+        vectors = positions[self.dst] - positions[self.src]
+        lengths = vectors.pow(2).sum(-1, keepdim=True).sqrt()
+        weights = self.radial(torch.cat([lengths, lengths.cos(), lengths.sin()], dim=-1))
+        nodes = self.tp(self.features, self.sh(vectors), weights, indices_1=self.src, indices_out=self.dst,
+                        size_out=positions.shape[0])
+        energy = nodes[:, :self.channels].tanh().sum()
+        return energy, -torch.autograd.grad([energy], [positions])[0]
 
 
 def median_ms(function, repeats: int) -> float:
@@ -54,16 +67,14 @@ def median_ms(function, repeats: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--molecules", type=int, default=8)
+    parser.add_argument("--atoms", type=int, default=64)
+    parser.add_argument("--neighbours", type=int, default=16)
+    parser.add_argument("--channels", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
-    config = dict(example.SIZES["full"], molecules=args.molecules)
-    generator = torch.Generator().manual_seed(0)
-    positions, species = example.random_molecules(args.molecules, config["atoms"], generator)
-    src, dst = example.complete_graph(args.molecules, config["atoms"])
-    potential = example.build_model(config, "ours", "cpu", torch.float64)
-    model = EnergiesAndForces(potential, species.reshape(-1), src, dst, args.molecules)
-    positions = positions.reshape(-1, 3)
+    torch.manual_seed(0)
+    model = EnergyAndForces(args.atoms, args.neighbours, args.channels)
+    positions = 3 * torch.randn(args.atoms, 3, dtype=torch.float64)
     expected = model(positions)
 
     start = time.perf_counter()
@@ -76,7 +87,7 @@ def main():
     loaded = torch._inductor.aoti_load_package(path)
     got = loaded(positions)
     errors = [float((a - b).abs().max() / b.abs().max()) for a, b in zip(got, expected)]
-    print(f"{args.molecules} molecules, {positions.shape[0]} atoms, {src.shape[0]} edges, float64, "
+    print(f"{args.atoms} atoms, {model.src.shape[0]} edges, {args.channels} channels, float64, "
           f"{torch.get_num_threads()} threads")
     print(f"export {exported:.1f} s, compile and package {packaged:.1f} s")
     print(f"relative difference from eager: energies {errors[0]:.1e}, forces {errors[1]:.1e}")
