@@ -37,7 +37,7 @@ import torch
 
 from .. import backends
 from ..ops.accumulate.api import accumulate_rule
-from ..ops.scripted import check_index, check_like, check_width
+from ..ops.scripted import broadcast_shapes, check_index, check_like, check_width
 from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
@@ -610,9 +610,9 @@ class TensorProduct(torch.nn.Module):
     def _scripted_product(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
                           implementation: str) -> torch.Tensor:
         """The product of broadcasting e3nn-layout tensors under TorchScript."""
-        lead = torch.broadcast_shapes(x.shape[:-1], y.shape[:-1])
+        lead = broadcast_shapes(x.shape[:-1], y.shape[:-1])
         if not self.shared_weights:
-            lead = torch.broadcast_shapes(lead, weight.shape[:-1])
+            lead = broadcast_shapes(lead, weight.shape[:-1])
         row_key = self._row_key
         if self._graph_key is None:  # nothing is computed
             return x.new_zeros(lead + [self._dims[2]])

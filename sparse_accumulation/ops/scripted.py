@@ -7,7 +7,7 @@ range, and torch's own indexing raises.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -51,3 +51,17 @@ def check_index(name: str, index: Optional[torch.Tensor]) -> None:
             raise TypeError(f"{name} must have an integer dtype, got {dtype_name(index.dtype)}")
         if index.dim() != 1:
             raise ValueError(f"{name} must be 1-D, got shape {index.shape}")
+
+
+def broadcast_shapes(a: List[int], b: List[int]) -> List[int]:
+    """The broadcast of two shapes, for TorchScript (``torch.broadcast_shapes`` does not script before torch
+    2.13); ``ValueError`` where they do not broadcast."""
+    n = max(len(a), len(b))
+    out: List[int] = []
+    for i in range(n):
+        da = a[i - n + len(a)] if i - n + len(a) >= 0 else 1
+        db = b[i - n + len(b)] if i - n + len(b) >= 0 else 1
+        if da != db and da != 1 and db != 1:
+            raise ValueError(f"shapes {a} and {b} do not broadcast")
+        out.append(db if da == 1 else da)
+    return out
