@@ -33,7 +33,7 @@ class FullyConnectedTensorProduct(TensorProduct):
 
     Args:
         irreps_in1, irreps_in2, irreps_out: e3nn ``Irreps`` (or what ``e3nn.o3.Irreps`` accepts).
-        irrep_normalization, path_normalization, **kwargs: as for :class:`TensorProduct`.
+        irrep_normalization, path_normalization, kwargs: as for :class:`TensorProduct`.
     """
 
     def __init__(self, irreps_in1, irreps_in2, irreps_out, irrep_normalization: Optional[str] = None,
@@ -54,7 +54,7 @@ class ElementwiseTensorProduct(TensorProduct):
     Args:
         irreps_in1, irreps_in2: e3nn ``Irreps`` with the same number of irreps.
         filter_ir_out: the output irreps to keep (iterable of ``Irrep``), default all.
-        irrep_normalization, **kwargs: as for :class:`TensorProduct`.
+        irrep_normalization, kwargs: as for :class:`TensorProduct`.
 
     Raises:
         InvalidArgumentError: inputs with different numbers of irreps (an ``AssertionError``, as e3nn's).
@@ -93,7 +93,7 @@ class FullTensorProduct(TensorProduct):
     Args:
         irreps_in1, irreps_in2: e3nn ``Irreps`` (simplified first).
         filter_ir_out: the output irreps to keep (iterable of ``Irrep``), default all.
-        irrep_normalization, **kwargs: as for :class:`TensorProduct`.
+        irrep_normalization, kwargs: as for :class:`TensorProduct`.
 
     Raises:
         ValueError: ``filter_ir_out`` that is not an iterable of irreps.
@@ -139,7 +139,7 @@ class TensorSquare(TensorProduct):
         filter_ir_out: the output irreps to keep without ``irreps_out`` (iterable of ``Irrep``).
         irrep_normalization: ``"component"`` (default), ``"norm"`` or ``"none"``, as path weights of the
             instructions (the module's own normalization is "none", as in e3nn).
-        **kwargs: as for :class:`TensorProduct`.
+        kwargs: as for :class:`TensorProduct`.
 
     Attributes:
         irreps_in: the irreps of ``x``.

@@ -282,10 +282,10 @@ class TensorProduct(torch.nn.Module):
         weight: the ``[weight_numel]`` parameter with internal weights (initialized like e3nn's, standard
             normal), else an empty buffer.
         output_mask: e3nn's buffer ``[irreps_out.dim]``: 1 on the output irreps some instruction writes.
+        channels: ``U``, the channel count of the accumulation on CUDA (see :mod:`sparse_accumulation.e3nn`).
 
     The state dict is e3nn's (``weight`` and ``output_mask``): an e3nn module's state dict loads with
     ``strict=True`` (the constants of e3nn's generated code in it are ignored), and ours loads into e3nn's.
-        channels: ``U``, the channel count of the accumulation on CUDA (see :mod:`sparse_accumulation.e3nn`).
 
     Every path of an instruction is a term of the rule: "uvw" and "u<vw" instructions of large multiplicities
     make long rules (``mul1 mul2 mul_out`` times the 3j symbol's nonzeros).
@@ -542,10 +542,7 @@ class TensorProduct(torch.nn.Module):
 
         Returns:
             ``[..., irreps_in1.dim, irreps_out.dim]``: row ``i`` is the product of the ``i``-th unit vector with
-            ``y``, computed as one call on ``irreps_in1.dim`` rows per row of ``y``.
-
-        Raises:
-            as :meth:`forward`.
+            ``y``, computed as one call on ``irreps_in1.dim`` rows per row of ``y`` (errors as :meth:`forward`'s).
         """
         if not torch.jit.is_scripting():
             weight = self._joined(weight)
