@@ -274,9 +274,17 @@ def computed(ins, irreps_in1, irreps_in2, irreps_out) -> bool:
     return 0 not in (irreps_in1[ins.i_in1].mul, irreps_in2[ins.i_in2].mul, irreps_out[ins.i_out].mul)
 
 
+#: the modes whose multiplicity ``u`` can be split into channels (the others run on one channel)
+CHANNEL_MODES = ("uuu", "uvu")
+
+
 def divisor_of_multiplicities(irreps_in1, irreps_in2, irreps_out, instructions) -> int:
-    """The greatest common divisor of the multiplicities the computed instructions use (1 without any)."""
-    muls = [irreps_in1[ins.i_in1].mul for ins in instructions if computed(ins, irreps_in1, irreps_in2, irreps_out)]
+    """The greatest common divisor of the multiplicities the computed instructions use (1 without any, and 1 when
+    one of them is in a mode other than :data:`CHANNEL_MODES`)."""
+    used = [ins for ins in instructions if computed(ins, irreps_in1, irreps_in2, irreps_out)]
+    if any(ins.connection_mode not in CHANNEL_MODES for ins in used):
+        return 1
+    muls = [irreps_in1[ins.i_in1].mul for ins in used]
     return math.gcd(*muls) if muls else 1
 
 
@@ -315,6 +323,8 @@ def make_plan(irreps_in1, irreps_in2, irreps_out, instructions, channels: int) -
     computes = [computed(ins, irreps_in1, irreps_in2, irreps_out) for ins in instructions]
     used = [ins for ins, use in zip(instructions, computes) if use]
     for ins in used:
+        if channels > 1 and ins.connection_mode not in CHANNEL_MODES:
+            raise ValueError(f"channels={channels}: mode {ins.connection_mode!r} runs on one channel only")
         if irreps_in1[ins.i_in1].mul % channels:
             raise ValueError(f"channels={channels} does not divide the multiplicity {irreps_in1[ins.i_in1].mul} of "
                              f"in1[{ins.i_in1}]")
@@ -354,6 +364,20 @@ def _rule_arrays(instructions, computes, irreps_in1, irreps_in2, irreps_out, cha
                                                  irreps_out[ins.i_out])
         a, b, c, C = cg.transformation_rule(ir1.l, ir2.l, ir_out.l, basis="e3nn")
         C = C * (ins.path_weight / math.sqrt(ir_out.dim))  # e3nn's 3j symbol times sqrt(alpha)
+        if ins.connection_mode not in CHANNEL_MODES:  # one channel: e3nn's tensors, every path listed
+            u, v, o, k = mode_paths(ins.connection_mode, mul1, mul2, irreps_out[ins.i_out].mul)
+            if weights is None:
+                k = None
+            elif ins.has_weight:
+                k = weights.columns[index] + k
+            else:
+                k = np.full_like(u, weights.ones)
+            shape = (len(u), len(C))
+            arrays = [x_at[(ins.i_in1, False)] + u[:, None] * ir1.dim + a,
+                      y_at[(ins.i_in2, True)] + v[:, None] * ir2.dim + b,
+                      out_at[(ins.i_out, False)] + o[:, None] * ir_out.dim + c, k if k is None else k[:, None], C]
+            pieces.append([None if t is None else np.broadcast_to(t, shape).ravel() for t in arrays])
+            continue
         q = mul1 // channels
         uvu = ins.connection_mode == "uvu"
         j = np.arange(q)[:, None, None]  # sub-block within the channel
@@ -376,6 +400,29 @@ def _rule_arrays(instructions, computes, irreps_in1, irreps_in2, irreps_out, cha
         arrays.append(np.broadcast_to(C, shape).ravel())
         pieces.append(arrays)
     return [None if parts[0] is None else np.concatenate(parts) for parts in zip(*pieces)]
+
+
+def mode_paths(mode: str, mul1: int, mul2: int, mul_out: int) -> tuple:
+    """The paths of an instruction in ``mode``: four int64 arrays, one entry per path, of the multiplicity read
+    in the first and second input, the multiplicity of the output written and the path's weight (its index in
+    the instruction's weights, row-major over e3nn's ``path_shape``). Pairs ``u < v`` ("uvu<v", "u<vw") are numbered as ``torch.triu_indices``."""
+    u, v, w = np.arange(mul1), np.arange(mul2), np.arange(mul_out)
+    if mode in ("uvu<v", "u<vw"):
+        u, v = np.triu_indices(mul1, 1)
+        q = np.arange(len(u))
+        if mode == "uvu<v":
+            return u, v, q, q
+        return np.repeat(u, mul_out), np.repeat(v, mul_out), np.tile(w, len(q)), np.arange(len(q) * mul_out)
+    if mode == "uuu":
+        return u, u, u, u
+    if mode == "uuw":
+        return np.repeat(u, mul_out), np.repeat(u, mul_out), np.tile(w, mul1), np.arange(mul1 * mul_out)
+    if mode == "uvw":
+        uu, vv, ww = (t.ravel() for t in np.meshgrid(u, v, w, indexing="ij"))
+        return uu, vv, ww, np.arange(len(uu))
+    uu, vv = (t.ravel() for t in np.meshgrid(u, v, indexing="ij"))
+    out = {"uvu": uu, "uvv": vv, "uvuv": uu * mul2 + vv}[mode]
+    return uu, vv, out, np.arange(len(uu))
 
 
 def _column_map(layout: Layout) -> ColumnMap:

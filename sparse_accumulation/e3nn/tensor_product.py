@@ -1,4 +1,4 @@
-"""e3nn's ``TensorProduct`` (modes ``"uuu"`` and ``"uvu"``) computed as ONE weighted sparse accumulation.
+"""e3nn's ``TensorProduct`` (every instruction mode) computed as ONE weighted sparse accumulation.
 
 :class:`TensorProduct` takes e3nn's constructor arguments (irreps, instructions, normalizations,
 ``shared_weights`` / ``internal_weights``) and is called like e3nn's, ``tp(x, y, weight=None)``, with e3nn's
@@ -30,6 +30,7 @@ e3nn is needed for its ``Irreps`` (imported when a :class:`TensorProduct` is mad
 from __future__ import annotations
 
 import math
+import warnings
 from typing import List, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -43,10 +44,10 @@ from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weig
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
            "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]
 
-#: instruction modes :class:`TensorProduct` computes
-SUPPORTED_MODES = ("uuu", "uvu")
-#: the modes e3nn knows (the others raise ``NotImplementedError`` here)
+#: the modes e3nn knows
 E3NN_MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw")
+#: instruction modes :class:`TensorProduct` computes: all of e3nn's
+SUPPORTED_MODES = E3NN_MODES
 IRREP_NORMALIZATIONS = ("component", "norm", "none")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: channels of the channel plan from which message passing on the CPU runs fused (below: per edge, faster there;
@@ -135,23 +136,47 @@ def _check_instructions(irreps_in1, irreps_in2, irreps_out, instructions) -> lis
                                       f"(0 <= {name} < {len(irreps)})")
         if mode not in E3NN_MODES:
             raise UnknownModeError(f"instruction {number}: unknown mode {mode!r} (e3nn's modes are {E3NN_MODES})")
-        if mode not in SUPPORTED_MODES:
-            raise NotImplementedError(f"instruction {number}: mode {mode!r} is not supported; "
-                                      f"sparse_accumulation.e3nn.TensorProduct supports {SUPPORTED_MODES}")
         (mul1, ir1), (mul2, ir2), (mul_out, ir_out) = irreps_in1[i1], irreps_in2[i2], irreps_out[io]
         if ir1.p * ir2.p != ir_out.p or not abs(ir1.l - ir2.l) <= ir_out.l <= ir1.l + ir2.l:
             raise InvalidArgumentError(f"instruction {number}: {ir1} x {ir2} cannot give {ir_out} "
                                        f"(|l1 - l2| <= L <= l1 + l2 and p1 p2 = p are required)")
         if 0 not in (mul1, mul2, mul_out):  # e3nn computes nothing on a multiplicity 0 and checks nothing there
-            if mode == "uvu" and mul1 != mul_out:
-                raise InvalidArgumentError(f"instruction {number}: mode 'uvu' needs the same multiplicity in "
-                                           f"in1[{i1}] and out[{io}], got {mul1} and {mul_out}")
-            if mode == "uuu" and not mul1 == mul2 == mul_out:
-                raise InvalidArgumentError(f"instruction {number}: mode 'uuu' needs the same multiplicity in "
-                                           f"in1[{i1}], in2[{i2}] and out[{io}], got {mul1}, {mul2} and {mul_out}")
-        shape = (mul1, mul2) if mode == "uvu" else (mul1,)
+            problem = _multiplicity_problem(mode, bool(has_weight), mul1, mul2, mul_out)
+            if problem:
+                raise InvalidArgumentError(f"instruction {number}: mode {mode!r} {problem}, got in1[{i1}], in2[{i2}], "
+                                           f"out[{io}] of multiplicities {mul1}, {mul2}, {mul_out}")
+        pairs = mul1 * (mul2 - 1) // 2
+        shape = {"uvw": (mul1, mul2, mul_out), "uvu": (mul1, mul2), "uvv": (mul1, mul2), "uuw": (mul1, mul_out),
+                 "uuu": (mul1,), "uvuv": (mul1, mul2), "uvu<v": (pairs,), "u<vw": (pairs, mul_out)}[mode]
         result.append(Instruction(int(i1), int(i2), int(io), mode, bool(has_weight), path_weight, shape))
     return result
+
+
+def _multiplicity_problem(mode: str, has_weight: bool, mul1: int, mul2: int, mul_out: int) -> str:
+    """What e3nn requires of an instruction that its multiplicities or weights do not give ("" if nothing)."""
+    if mode in ("uvw", "u<vw") and not has_weight:
+        return "needs weights"
+    if mode == "uvu" and mul1 != mul_out:
+        return "needs the same multiplicity in in1 and out"
+    if mode == "uvv" and mul2 != mul_out:
+        return "needs the same multiplicity in in2 and out"
+    if mode in ("uuw", "u<vw") and mul1 != mul2:
+        return "needs the same multiplicity in in1 and in2"
+    if mode == "uuw" and not has_weight and mul_out != 1:
+        return "without weights (a sum over u) needs multiplicity 1 in out"
+    if mode == "uuu" and not mul1 == mul2 == mul_out:
+        return "needs the same multiplicity in in1, in2 and out"
+    if mode == "uvuv" and mul1 * mul2 != mul_out:
+        return "needs multiplicity mul1 * mul2 in out"
+    if mode == "uvu<v" and not (mul1 == mul2 and mul_out == mul1 * (mul1 - 1) // 2):
+        return "needs the same multiplicity mul in in1 and in2 and mul (mul - 1) / 2 in out"
+    return ""
+
+
+#: per mode, the number of terms summed into one output component, as a function of (mul1, mul2)
+_ELEMENTS = {"uvw": lambda m1, m2: m1 * m2, "uvu": lambda m1, m2: m2, "uvv": lambda m1, m2: m1,
+             "uuw": lambda m1, m2: m1, "uuu": lambda m1, m2: 1, "uvuv": lambda m1, m2: 1, "uvu<v": lambda m1, m2: 1,
+             "u<vw": lambda m1, m2: m1 * (m2 - 1) // 2}
 
 
 def _variances(values, irreps, name) -> list:
@@ -172,11 +197,12 @@ def _normalized(instructions, irreps_in1, irreps_in2, irreps_out, in1_var, in2_v
     ``(2 l1 + 1)(2 l2 + 1)`` ("norm") or 1 ("none"), and ``x`` (left out when 0) the variance the
     instruction's output irrep receives: over the instructions into that irrep, the sum of
     ``in1_var * in2_var * n`` ("element"), or the instruction's own term times their count ("path"), or 1
-    ("none"); ``n`` is the number of terms summed per output component (``mul2`` for "uvu", 1 for "uuu").
+    ("none"); ``n`` is the number of terms summed per output component (e3nn's: ``mul1 mul2`` for "uvw",
+    ``mul2`` for "uvu", ``mul1`` for "uvv" and "uuw", ``mul1 (mul2 - 1) / 2`` for "u<vw", 1 otherwise).
     """
     def elements(ins):
-        return in1_var[ins.i_in1] * in2_var[ins.i_in2] * (irreps_in2[ins.i_in2].mul if ins.connection_mode == "uvu"
-                                                           else 1)
+        return in1_var[ins.i_in1] * in2_var[ins.i_in2] * _ELEMENTS[ins.connection_mode](irreps_in1[ins.i_in1].mul,
+                                                                                         irreps_in2[ins.i_in2].mul)
 
     result = []
     for ins in instructions:
@@ -201,7 +227,7 @@ def _normalized(instructions, irreps_in1, irreps_in2, irreps_out, in1_var, in2_v
 
 
 class TensorProduct(torch.nn.Module):
-    r"""e3nn's ``o3.TensorProduct`` for instructions in modes ``"uuu"`` and ``"uvu"``, as ONE sparse accumulation.
+    r"""e3nn's ``o3.TensorProduct`` (every instruction mode), as ONE sparse accumulation.
 
     Same constructor and call as e3nn's; same outputs and gradients (for ``x``, ``y`` and the weights).
 
@@ -210,8 +236,14 @@ class TensorProduct(torch.nn.Module):
             (``"32x0e + 32x1o"``).
         instructions: ``(i_in1, i_in2, i_out, mode, has_weight[, path_weight])`` tuples, as in e3nn: each
             puts ``in1[i_in1] x in2[i_in2]`` into ``out[i_out]`` (several instructions into one output irrep
-            add up). ``mode``: ``"uvu"`` (``out[u] += sum_v w[u, v] in1[u] x in2[v]``; weights of shape
-            ``(mul1, mul2)``) or ``"uuu"`` (``out[u] += w[u] in1[u] x in2[u]``; weights ``(mul1,)``).
+            add up). ``mode``, with the weights' ``path_shape``: ``"uvw"`` (``out[w] += sum_uv w[u, v, w]
+            in1[u] x in2[v]``; ``(mul1, mul2, mul_out)``), ``"uvu"`` (``out[u] += sum_v w[u, v] in1[u] x
+            in2[v]``; ``(mul1, mul2)``), ``"uvv"`` (``out[v] += sum_u w[u, v] ...``; ``(mul1, mul2)``),
+            ``"uuw"`` (``out[w] += sum_u w[u, w] in1[u] x in2[u]``; ``(mul1, mul_out)``), ``"uuu"``
+            (``out[u] += w[u] in1[u] x in2[u]``; ``(mul1,)``), ``"uvuv"`` (``out[u mul2 + v] += w[u, v]
+            in1[u] x in2[v]``; ``(mul1, mul2)``), ``"uvu<v"`` (``out[q] += w[q] in1[u] x in2[v]`` for the
+            ``q``-th pair ``u < v``; ``(mul (mul - 1) / 2,)``), ``"u<vw"`` (``out[w] += sum_q w[q, w] in1[u] x
+            in2[v]``; ``(mul (mul - 1) / 2, mul_out)``). Pairs are numbered as ``torch.triu_indices``.
             ``path_weight`` (default 1) multiplies ``alpha`` below (so the output by its square root).
         in1_var, in2_var, out_var: one variance per irrep of each input / the output (default 1), used by
             the normalization.
@@ -220,14 +252,21 @@ class TensorProduct(torch.nn.Module):
             multiplied by ``sqrt(alpha_i)``, ``alpha_i = a / x * out_var[i_out] * path_weight`` with ``a`` =
             ``2L + 1`` / ``(2 l1 + 1)(2 l2 + 1)`` / 1 for the three irrep normalizations and ``x`` (left out
             when 0) = the sum over the instructions into the same output irrep of
-            ``in1_var * in2_var * n`` ("element"; ``n = mul2`` for "uvu", 1 for "uuu"), this instruction's
+            ``in1_var * in2_var * n`` ("element"; ``n`` the number of terms summed per output component:
+            ``mul1 mul2`` for "uvw", ``mul2`` for "uvu", ``mul1`` for "uvv" and "uuw", ``mul (mul - 1) / 2``
+            for "u<vw", 1 for the others), this instruction's
             term times the number of those instructions ("path"), or 1 ("none").
         internal_weights: hold the weights as a parameter (default: when ``shared_weights`` and some
             instruction has weights). Internal weights are shared.
         shared_weights: one set of weights for every row (default True; e3nn's ``False`` is per-row weights
             ``weight[..., weight_numel]``, for example per edge from a radial network).
+        compile_left_right, compile_right, _specialized_code, _optimize_einsums: e3nn's code generation
+            flags, accepted and without effect (:meth:`right` is always available). The last two are kept as
+            attributes (default True, as e3nn's defaults).
+        normalization: e3nn's deprecated name of ``irrep_normalization`` (with a ``DeprecationWarning``).
         channels: the channel count ``U`` on CUDA (default: the greatest common divisor of the multiplicities
-            the instructions use); giving it makes every device use it (``1``: e3nn's rows, no copies).
+            the instructions use, 1 when an instruction is in a mode other than "uvu" and "uuu", which run on
+            one channel only); giving it makes every device use it (``1``: e3nn's rows, no copies).
         dtype: dtype of the coefficients and internal weights (default: torch's default dtype). Inputs of
             another floating dtype use coefficients cast to theirs.
         implementation: the kernels, as for :func:`sparse_accumulation.accumulate_rule` (default: the
@@ -242,11 +281,14 @@ class TensorProduct(torch.nn.Module):
         shared_weights, internal_weights: as resolved from the arguments.
         weight: the ``[weight_numel]`` parameter with internal weights (initialized like e3nn's, standard
             normal), else an empty buffer.
+        output_mask: e3nn's buffer ``[irreps_out.dim]``: 1 on the output irreps some instruction writes.
         channels: ``U``, the channel count of the accumulation on CUDA (see :mod:`sparse_accumulation.e3nn`).
 
-    Modes ``"uvw"``, ``"uvv"``, ``"uuw"``, ``"uvuv"``, ``"uvu<v"`` and ``"u<vw"`` raise
-    ``NotImplementedError``. e3nn's ``compile_left_right``, ``compile_right``, ``right()`` and list-of-tensors
-    weights are not offered.
+    The state dict is e3nn's (``weight`` and ``output_mask``): an e3nn module's state dict loads with
+    ``strict=True`` (the constants of e3nn's generated code in it are ignored), and ours loads into e3nn's.
+
+    Every path of an instruction is a term of the rule: "uvw" and "u<vw" instructions of large multiplicities
+    make long rules (``mul1 mul2 mul_out`` times the 3j symbol's nonzeros).
 
     Irreps of multiplicity 0 are handled as e3nn does: an instruction on one computes nothing and its
     multiplicities are not checked; its weights (if ``path_shape`` has no 0, as for "uvu" into a ``0x``
@@ -258,13 +300,12 @@ class TensorProduct(torch.nn.Module):
 
     Raises:
         ImportError: e3nn is not installed.
-        NotImplementedError: an instruction in an unsupported mode.
         IrrepIndexError: an instruction index out of range (an ``IndexError``).
         UnknownModeError: an instruction mode e3nn does not know (a ``KeyError``).
         InvalidArgumentError: parities, degrees or multiplicities an instruction cannot have, normalization
             names, variances, ``internal_weights`` without ``shared_weights`` (an ``AssertionError``).
         ValueError: an instruction that is not a 5- or 6-tuple, ``channels`` that does not divide the
-            multiplicities.
+            multiplicities (or is not 1 with modes other than "uvu" and "uuu").
     """
 
     __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile scripts it, as it does e3nn's own
@@ -273,10 +314,18 @@ class TensorProduct(torch.nn.Module):
                  in1_var: Optional[Sequence[float]] = None, in2_var: Optional[Sequence[float]] = None,
                  out_var: Optional[Sequence[float]] = None, irrep_normalization: Optional[str] = None,
                  path_normalization: Optional[str] = None, internal_weights: Optional[bool] = None,
-                 shared_weights: Optional[bool] = None, *, channels: Optional[int] = None, dtype=None,
+                 shared_weights: Optional[bool] = None, compile_left_right: bool = True, compile_right: bool = False,
+                 normalization: Optional[str] = None, _specialized_code: Optional[bool] = None,
+                 _optimize_einsums: Optional[bool] = None, *, channels: Optional[int] = None, dtype=None,
                  implementation=None):
         super().__init__()
         o3 = _o3()
+        if normalization is not None:
+            warnings.warn("`normalization` is deprecated. Use `irrep_normalization` instead.", DeprecationWarning,
+                          stacklevel=2)
+            irrep_normalization = normalization
+        self._specialized_code = True if _specialized_code is None else bool(_specialized_code)
+        self._optimize_einsums = True if _optimize_einsums is None else bool(_optimize_einsums)
         self.irreps_in1, self.irreps_in2, self.irreps_out = o3.Irreps(irreps_in1), o3.Irreps(irreps_in2), \
             o3.Irreps(irreps_out)
         # forward reads plain ints only (torch.compile cannot guard on e3nn's Irreps)
@@ -310,8 +359,19 @@ class TensorProduct(torch.nn.Module):
         if self.internal_weights and self.weight_numel:
             self.weight = torch.nn.Parameter(torch.randn(self.weight_numel, dtype=dtype))
         else:
-            self.register_buffer("weight", torch.zeros(0, dtype=dtype), persistent=False)
+            self.register_buffer("weight", torch.zeros(0, dtype=dtype))
         self._make_plans(channels, dtype)
+        written = {ins.i_out for ins in self.instructions if ins.path_weight != 0 and 0 not in ins.path_shape}
+        mask = [float(i in written) for i, (mul, ir) in enumerate(self.irreps_out) for _ in range(mul * ir.dim)]
+        self.register_buffer("output_mask", torch.tensor(mask, dtype=dtype))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # e3nn's state dicts hold the constants of its generated code
+        for key in [k for k in state_dict if k.startswith(prefix + "_compiled_main_")]:
+            del state_dict[key]
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     def _make_plans(self, channels, dtype) -> None:
         """The plan with one channel (CPU) and the one with ``channels`` (default: the multiplicities'
@@ -367,7 +427,20 @@ class TensorProduct(torch.nn.Module):
         return (f"{type(self).__name__}({self.irreps_in1.simplify()} x {self.irreps_in2.simplify()} -> "
                 f"{self.irreps_out.simplify()} | {paths} paths | {self.weight_numel} weights)")
 
+    def _joined(self, weight):
+        """e3nn's list of per-instruction weights (``[*path_shape]`` each, or ``[..., *path_shape]`` per row) as one
+        ``[..., weight_numel]`` tensor; anything else as it is."""
+        if not isinstance(weight, (list, tuple)):
+            return weight
+        shapes = [ins.path_shape for ins in self.instructions if ins.has_weight]
+        if len(weight) != len(shapes):
+            raise InvalidArgumentError(f"a list of weights needs one tensor per weighted instruction ({len(shapes)}), "
+                                       f"got {len(weight)}")
+        lead = () if self.shared_weights else (-1,)
+        return torch.cat([w.reshape(*lead, math.prod(shape)) for w, shape in zip(weight, shapes)], dim=-1)
+
     def _get_weights(self, weight) -> Optional[torch.Tensor]:
+        weight = self._joined(weight)
         if weight is None:
             if self.weight_numel and not self.internal_weights:
                 raise WeightsMissingError("weight is required: this TensorProduct has no internal weights "
@@ -382,6 +455,18 @@ class TensorProduct(torch.nn.Module):
             raise InvalidArgumentError(f"weight must be [..., {self.weight_numel}] with at least one batch dimension "
                                        f"(shared_weights=False), got shape {tuple(weight.shape)}")
         return weight
+
+    def weight_view_for_instruction(self, instruction: int, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The view ``[..., *path_shape]`` of the weights (``weight`` as for :meth:`forward`, default the internal
+        ones) of instruction number ``instruction``.
+
+        Raises:
+            ValueError: the instruction has no weights.
+        """
+        if not self.instructions[instruction].has_weight:
+            raise ValueError(f"Instruction {instruction} has no weights.")
+        return next(view for index, _, view in self.weight_views(weight, yield_instruction=True)
+                    if index == instruction % len(self.instructions))
 
     def weight_views(self, weight: Optional[torch.Tensor] = None, yield_instruction: bool = False):
         """Views ``[..., *path_shape]`` of the weights of each weighted instruction, in order (as e3nn's).
@@ -435,11 +520,39 @@ class TensorProduct(torch.nn.Module):
         Under ``torch.jit.script`` the call runs the registered ops on the same kernels (:meth:`_scripted`): the
         indices must be tensors, their values are not checked, and ``implementation=None`` means ``"auto"``.
         """
+        return self._product(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+
+    def _product(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
+                 indices_1: Optional[torch.Tensor], indices_2: Optional[torch.Tensor],
+                 indices_out: Optional[torch.Tensor], size_out: Optional[int],
+                 reduction: Optional[str]) -> torch.Tensor:
+        """:meth:`forward` (which subclasses may give another signature)."""
         if torch.jit.is_scripting():
             return self._scripted(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
         return self._eager(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
 
+    @torch.jit.export
+    def right(self, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """e3nn's ``right``: the operator ``[..., irreps_in1.dim, irreps_out.dim]`` that the product with ``y`` (and
+        the weights) is, so that ``forward(x, y, weight) = einsum("...ik,...i->...k", right(y, weight), x)``.
+
+        Args:
+            y: ``[..., irreps_in2.dim]``.
+            weight: as for :meth:`forward` (per-row weights broadcasting with ``y``'s leading dimensions).
+
+        Returns:
+            ``[..., irreps_in1.dim, irreps_out.dim]``: row ``i`` is the product of the ``i``-th unit vector with
+            ``y``, computed as one call on ``irreps_in1.dim`` rows per row of ``y`` (errors as :meth:`forward`'s).
+        """
+        if not torch.jit.is_scripting():
+            weight = self._joined(weight)
+        eye = torch.eye(self._dims[0], dtype=y.dtype, device=y.device)
+        if weight is not None and not self.shared_weights:
+            weight = weight.unsqueeze(-2)
+        return self._product(eye, y.unsqueeze(-2), weight, None, None, None, None, None)
+
     def _eager(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction) -> torch.Tensor:
+        weight = self._joined(weight)
         for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -1,0 +1,165 @@
+"""Every e3nn instruction mode and e3nn's products of fixed instructions (FullyConnectedTensorProduct,
+ElementwiseTensorProduct, FullTensorProduct, TensorSquare) against e3nn's own modules in float64: outputs,
+gradients and second derivatives, right(), message passing, state dicts both ways, weight views, list weights,
+e3nn's constructor keywords and TorchScript."""
+import io
+
+import pytest
+import torch
+
+import sparse_accumulation  # noqa: F401  (registers the ops)
+
+o3 = pytest.importorskip("e3nn.o3")
+import sparse_accumulation.e3nn as ours  # noqa: E402
+
+MODES = ["uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw"]
+
+
+def mode_case(mode, weighted):
+    """Irreps and instructions of one mode: three instructions, two into one output irrep."""
+    mul_out = {"uvuv": 9, "uvu<v": 3}.get(mode, 1 if mode == "uuw" and not weighted else 3)
+    instructions = [(1, 0, 0, mode, weighted), (1, 1, 1, mode, weighted), (0, 1, 0, mode, weighted, 0.7)]
+    return "3x0e + 3x1o + 2x2e", "3x0e + 3x1o", f"{mul_out}x1o + {mul_out}x0e", instructions
+
+
+def cases():
+    for mode in MODES:
+        for weighted in (True, False):
+            if mode in ("uvw", "u<vw") and not weighted:
+                continue
+            for shared in (True, False):
+                yield mode, weighted, shared
+
+
+def derivatives(out, inputs):
+    """The output, the gradients of ``sum(out^2)`` and the gradients of ``sum(sin(those gradients))``."""
+    grads = torch.autograd.grad(out.pow(2).sum(), inputs, create_graph=True)
+    second = torch.autograd.grad(sum(g.sin().sum() for g in grads), inputs)
+    return [out, *grads, *second]
+
+
+@pytest.fixture(autouse=True)
+def float64():
+    """e3nn's modules made in float64 (its 3j symbols computed in the default dtype)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(default)
+
+
+@pytest.fixture
+def generator():
+    return torch.Generator().manual_seed(torch.randint(0, 2**31, ()).item())
+
+
+@pytest.mark.parametrize("mode, weighted, shared", list(cases()))
+def test_modes_to_second_order(mode, weighted, shared, generator):
+    *irreps, instructions = mode_case(mode, weighted)
+    theirs = o3.TensorProduct(*irreps, instructions, shared_weights=shared)
+    tp = ours.TensorProduct(*irreps, instructions, shared_weights=shared, dtype=torch.float64)
+    tp.load_state_dict(theirs.state_dict(), strict=True)
+    x = torch.randn(4, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(4, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    inputs = [x, y]
+    weight = None
+    if not shared and weighted:
+        weight = torch.randn(4, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True)
+        inputs.append(weight)
+    elif weighted:
+        inputs.append(tp.weight)
+    expected = derivatives(theirs(x, y, weight), inputs[:2] + ([weight] if weight is not None else []))
+    got = derivatives(tp(x, y, weight), inputs[:2] + ([weight] if weight is not None else []))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    right = tp.right(y, weight)
+    assert right.shape == (4, tp.irreps_in1.dim, tp.irreps_out.dim)
+    torch.testing.assert_close(torch.einsum("zik,zi->zk", right, x), got[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_message_passing_every_mode(mode, generator):
+    *irreps, instructions = mode_case(mode, True)
+    tp = ours.TensorProduct(*irreps, instructions, shared_weights=False, dtype=torch.float64)
+    nodes, edges = 5, 12
+    x = torch.randn(nodes, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(edges, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(edges, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True)
+    source, target = (torch.randint(0, nodes, (edges,), generator=generator) for _ in range(2))
+    out = tp(x, y, weight, indices_1=source, indices_out=target, size_out=nodes)
+    expected = torch.zeros(nodes, tp.irreps_out.dim, dtype=torch.float64).index_add(0, target, tp(x[source], y, weight))
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(derivatives(out, [x, y, weight]), derivatives(expected, [x, y, weight]), rtol=1e-10,
+                               atol=1e-10)
+
+
+SUBCLASSES = [
+    ("FullyConnectedTensorProduct", ("2x0e + 1x1o + 2x2e", "1x0e + 2x1o", "3x0e + 2x1o + 1x2e"), {}),
+    ("FullyConnectedTensorProduct", ("2x0e + 1x1o", "1x0e + 2x1o", "3x0e + 2x1o"),
+     {"shared_weights": False, "path_normalization": "path"}),
+    ("ElementwiseTensorProduct", ("3x0e + 2x1o", "1x0e + 4x1e"), {}),
+    ("ElementwiseTensorProduct", ("3x0e + 2x1o", "1x0e + 4x1e"), {"filter_ir_out": ["1e", "0o"]}),
+    ("FullTensorProduct", ("2x0e + 1x1o", "2x1o + 1x2e"), {}),
+    ("FullTensorProduct", ("2x0e + 1x1o", "2x1o + 1x2e"), {"filter_ir_out": ["1o"], "irrep_normalization": "norm"}),
+    ("TensorSquare", ("2x0e + 3x1o + 1x2e",), {}),
+    ("TensorSquare", ("2x0e + 3x1o + 1x2e",), {"irrep_normalization": "norm", "filter_ir_out": ["0e", "2e"]}),
+    ("TensorSquare", ("2x0e + 3x1o + 1x2e", "2x0e + 1x1e + 2x2e"), {}),
+]
+
+
+@pytest.mark.parametrize("name, args, kwargs", SUBCLASSES)
+def test_subclasses(name, args, kwargs, generator):
+    theirs = getattr(o3, name)(*args, **kwargs)
+    tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
+    assert (tp.irreps_in1, tp.irreps_in2, tp.irreps_out) == (theirs.irreps_in1, theirs.irreps_in2, theirs.irreps_out)
+    assert [tuple(i) for i in tp.instructions] == pytest.approx([tuple(i) for i in theirs.instructions])
+    assert repr(tp) == repr(theirs) and tp.weight_numel == theirs.weight_numel
+    tp.load_state_dict(theirs.state_dict(), strict=True)
+    theirs.load_state_dict(tp.state_dict(), strict=False)  # e3nn's holds its generated code's constants too
+    torch.testing.assert_close(theirs.weight, tp.weight)
+    x = torch.randn(3, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(3, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = None
+    if kwargs.get("shared_weights") is False:
+        weight = torch.randn(3, tp.weight_numel, dtype=torch.float64, generator=generator)
+    if name == "TensorSquare":
+        got, expected = derivatives(tp(x), [x]), derivatives(theirs(x), [x])
+    else:
+        got, expected = derivatives(tp(x, y, weight), [x, y]), derivatives(theirs(x, y, weight), [x, y])
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_weight_views_lists_and_keywords(generator):
+    irreps = "1e + 2e + 3x3o"
+    with pytest.warns(DeprecationWarning):
+        tp = ours.FullyConnectedTensorProduct(irreps, irreps, irreps, compile_left_right=False, compile_right=True,
+                                              normalization="norm", _specialized_code=False, _optimize_einsums=False,
+                                              dtype=torch.float64)
+    assert tp.irrep_normalization == "norm" and not tp._specialized_code and not tp._optimize_einsums
+    theirs = o3.FullyConnectedTensorProduct(irreps, irreps, irreps, irrep_normalization="norm")
+    theirs.load_state_dict(tp.state_dict(), strict=False)
+    for index, ins in enumerate(tp.instructions):
+        torch.testing.assert_close(tp.weight_view_for_instruction(index), theirs.weight_view_for_instruction(index))
+    views = list(tp.weight_views())
+    x = torch.randn(2, tp.irreps_in1.dim, dtype=torch.float64, generator=generator)
+    torch.testing.assert_close(tp(x, x, [v.clone() for v in views]), theirs(x, x))
+    with torch.no_grad():
+        for view in views:
+            view.zero_()
+    assert torch.all(tp(x, x) == 0)
+    no_weights = ours.TensorProduct("2x0e", "2x0e", "2x0e", [(0, 0, 0, "uvu", False)])
+    with pytest.raises(ValueError, match="has no weights"):
+        no_weights.weight_view_for_instruction(0)
+
+
+@pytest.mark.parametrize("mode", ["uvw", "uvuv", "u<vw"])
+def test_torchscript(mode, generator):
+    *irreps, instructions = mode_case(mode, True)
+    tp = ours.TensorProduct(*irreps, instructions, dtype=torch.float64)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(tp), buffer)
+    buffer.seek(0)
+    scripted = torch.jit.load(buffer)
+    x = torch.randn(3, tp.irreps_in1.dim, dtype=torch.float64, generator=generator)
+    y = torch.randn(3, tp.irreps_in2.dim, dtype=torch.float64, generator=generator)
+    torch.testing.assert_close(scripted(x, y), tp(x, y))
+    torch.testing.assert_close(scripted.right(y), tp.right(y))
