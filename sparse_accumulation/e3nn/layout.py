@@ -276,6 +276,9 @@ def computed(ins, irreps_in1, irreps_in2, irreps_out) -> bool:
 
 #: the modes whose multiplicity ``u`` can be split into channels (the others run on one channel)
 CHANNEL_MODES = ("uuu", "uvu")
+#: most nonzeros the instructions in other modes may expand to: each of their paths is a term of the rule
+#: (a "uvw" instruction: mul1 * mul2 * mul_out paths), which the kernels walk one by one
+MAX_EXPANDED_TERMS = 200_000
 
 
 def divisor_of_multiplicities(irreps_in1, irreps_in2, irreps_out, instructions) -> int:
@@ -357,6 +360,7 @@ def _rule_arrays(instructions, computes, irreps_in1, irreps_in2, irreps_out, cha
     x_at, out_at = _offsets(x), _offsets(out)
     y_at = _offsets(y) if y is not None else {(i, True): s for i, s in enumerate(_starts(_pieces(irreps_in2)))}
     pieces = []
+    expanded = 0
     for index, (ins, use) in enumerate(zip(instructions, computes)):
         if not use:
             continue
@@ -366,6 +370,13 @@ def _rule_arrays(instructions, computes, irreps_in1, irreps_in2, irreps_out, cha
         C = C * (ins.path_weight / math.sqrt(ir_out.dim))  # e3nn's 3j symbol times sqrt(alpha)
         if ins.connection_mode not in CHANNEL_MODES:  # one channel: e3nn's tensors, every path listed
             u, v, o, k = mode_paths(ins.connection_mode, mul1, mul2, irreps_out[ins.i_out].mul)
+            expanded += len(u) * len(C)
+            if expanded > MAX_EXPANDED_TERMS:
+                raise NotImplementedError(
+                    f"the instructions in modes other than {CHANNEL_MODES} expand to more than "
+                    f"{MAX_EXPANDED_TERMS} terms (instruction {index}, mode {ins.connection_mode!r}, multiplicities "
+                    f"{mul1}, {mul2}, {irreps_out[ins.i_out].mul}): these modes run every path as a term of one "
+                    f"rule, which is for small multiplicities; use e3nn's module for this product")
             if weights is None:
                 k = None
             elif ins.has_weight:

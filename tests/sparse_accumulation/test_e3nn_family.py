@@ -163,3 +163,14 @@ def test_torchscript(mode, generator):
     y = torch.randn(3, tp.irreps_in2.dim, dtype=torch.float64, generator=generator)
     torch.testing.assert_close(scripted(x, y), tp(x, y))
     torch.testing.assert_close(scripted.right(y), tp.right(y))
+
+
+def test_large_expanded_modes_are_refused_with_a_clear_error():
+    from sparse_accumulation.e3nn import FullyConnectedTensorProduct
+    from sparse_accumulation.e3nn.layout import MAX_EXPANDED_TERMS
+
+    # 64 * 64 * 64 paths of 0e x 0e -> 0e: one term each
+    assert 64 ** 3 > MAX_EXPANDED_TERMS
+    with pytest.raises(NotImplementedError, match="expand to more than"):
+        FullyConnectedTensorProduct("64x0e", "64x0e", "64x0e")
+    FullyConnectedTensorProduct("32x0e", "32x0e", "32x0e")  # 32768 terms: made
