@@ -84,6 +84,11 @@ class Convolution(torch.nn.Module):
             conv_tp.irreps_in1, conv_tp.irreps_in2, conv_tp.irreps_out, instructions, irrep_normalization="none",
             path_normalization="none", shared_weights=False, internal_weights=False, dtype=reference.dtype,
             implementation=implementation).to(reference.device)
+        # the product's own e3nn state (an empty weight, output_mask) repeats conv_tp's, which this module holds
+        # under conv_tp's names below: kept out of the state dict
+        for name in ("weight", "output_mask"):
+            if name in self.tensor_product._buffers:
+                self.tensor_product.register_buffer(name, self.tensor_product._buffers.pop(name), persistent=False)
         self._held = tuple(state)
         for name, tensor in state.items():
             *path, leaf = name.split(".")
