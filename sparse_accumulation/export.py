@@ -1,8 +1,9 @@
 """Programs for AOTInductor: the library's ops written in plain torch, so that a package runs without it.
 
-``torch.export`` keeps each call of a rule op (``torch.ops.sparse_accumulation.accumulate``) as one node, which
-only a process that imported sparse_accumulation can run. :func:`decompositions` maps the rule ops to functions
-of aten ops (``index_select``, ``mul``, ``index_add``, ``sum``) that compute the same values; with them
+``torch.export`` keeps each call of a library op (``torch.ops.sparse_accumulation.accumulate``, ...) as one node,
+which only a process that imported sparse_accumulation can run. :func:`decompositions` maps the rule ops and the
+message-passing ops to functions of aten ops (``index_select``, ``mul``, ``index_add``, ``sum``) that compute
+the same values; with them
 :func:`export_for_aoti` returns an exported program with no op of this library left in it, which
 ``torch._inductor.aoti_compile_and_package`` compiles into code of its own (C++ on the CPU, Triton on CUDA)
 and ``torch._inductor.aoti_load_package`` (or libtorch's ``AOTIModelPackageLoader``) runs anywhere torch runs.
@@ -88,15 +89,39 @@ def _accumulate_backward(G: Tensor, X1: Tensor, X2: Tensor, W: Optional[Tensor],
     return (*grads, dC)
 
 
+def _graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation,
+                      reduction):
+    """``graph_accumulate`` (message passing) on the library's plain-torch graph kernels
+    (:mod:`sparse_accumulation.kernels.torch.graph`: gathers, products and ``index_add`` over chunks of edges)."""
+    del implementation
+    from .kernels.torch import graph as torch_graph
+    from .ops.graph.registered import run
+
+    return run(torch_graph, [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows, edges, reduction,
+               False)
+
+
+def _graph_coefficient_sums(X1, X2, W, T, indices, crule, edges, implementation):
+    """``graph_coefficient_sums`` on the plain-torch graph kernels."""
+    del implementation
+    from .ops.graph.registered import coefficient_sums
+
+    return coefficient_sums(X1, X2, W, T, indices, crule, edges)
+
+
 def decompositions() -> Dict[Any, Callable]:
     """The library's ops that :func:`export_for_aoti` replaces, each with a function of aten ops.
 
     Returns:
-        A new dict from op overloads (``torch.ops.sparse_accumulation.accumulate.default`` and
-        ``accumulate_backward.default``, the rule ops that the modules call under ``torch.export``) to
-        functions with the ops' signatures, which call aten ops only.
+        A new dict from op overloads to functions with the ops' signatures, which call aten ops only: the rule
+        ops (``torch.ops.sparse_accumulation.accumulate.default``, ``accumulate_backward.default``) and the
+        message-passing ops (``graph_accumulate.default``, ``graph_coefficient_sums.default``: the fused
+        products of :func:`~sparse_accumulation.accumulate_graph` and of
+        :class:`sparse_accumulation.e3nn.TensorProduct` with indices).
     """
-    return {_OPS.accumulate.default: _accumulate, _OPS.accumulate_backward.default: _accumulate_backward}
+    return {_OPS.accumulate.default: _accumulate, _OPS.accumulate_backward.default: _accumulate_backward,
+            _OPS.graph_accumulate.default: _graph_accumulate,
+            _OPS.graph_coefficient_sums.default: _graph_coefficient_sums}
 
 
 class _Decomposing(TorchFunctionMode):
@@ -134,8 +159,8 @@ def export_for_aoti(model: torch.nn.Module, args: Sequence[Any], *, dynamic_shap
 
     Raises:
         ValueError: ``dynamic_shapes`` with ``trace_autograd``.
-        NotImplementedError: the model calls an op of this library that has no decomposition (the graph,
-            polynomial and pair-sum ops); the message names it.
+        NotImplementedError: the model calls an op of this library that has no decomposition (the polynomial
+            and pair-sum ops, the tensor API's indexed op); the message names it.
     """
     args = tuple(args)
     if trace_autograd and dynamic_shapes is not None:

@@ -119,11 +119,21 @@ def test_export_for_aoti_leaves_no_library_op_and_keeps_dynamic_rows(generator):
         assert _relative(program.module()(*inputs), model(*inputs)) <= 1e-12
 
 
-def test_export_for_aoti_with_forces(generator):
+@pytest.mark.parametrize("schedule", ["per edge", "fused"])
+def test_export_for_aoti_with_forces(generator, schedule, monkeypatch):
+    """Both message-passing schedules: the row op per edge, or the fused graph op (its decomposition called)."""
+    from sparse_accumulation import export
+    from sparse_accumulation.e3nn import tensor_product
+
+    monkeypatch.setattr(tensor_product, "FUSED_MIN_CHANNELS", 1 << 30 if schedule == "per edge" else 0)
+    graph_calls = []
+    original = export._graph_accumulate
+    monkeypatch.setattr(export, "_graph_accumulate", lambda *a: graph_calls.append(1) or original(*a))
     model = Interaction(forces=True)
     positions = torch.randn(5, 3, generator=generator, dtype=torch.float64)
     program = export_for_aoti(model, (positions,), trace_autograd=True)
     assert _no_library_ops(program)
+    assert bool(graph_calls) == (schedule == "fused")
     other = torch.randn(5, 3, generator=generator, dtype=torch.float64)
     for got, expected in zip(program.module()(other), model(other)):
         assert _relative(got, expected) <= 1e-12
