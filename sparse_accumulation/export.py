@@ -109,6 +109,29 @@ def _graph_coefficient_sums(X1, X2, W, T, indices, crule, edges, implementation)
     return coefficient_sums(X1, X2, W, T, indices, crule, edges)
 
 
+def _polynomial(tensors, elements, order, starts, program, outputs, implementation):
+    """``polynomial`` (MACE's symmetric contraction) on the library's plain-torch polynomial kernels."""
+    del implementation
+    from .indices import Elements
+    from .ops.polynomial.registered import run
+
+    return run(program, tensors, Elements.from_tensors(elements, order, starts), outputs, "torch")
+
+
+def _pair_sum(name: str) -> Callable:
+    """The pair sum ``name`` (envsum, sensesum or featsum) on the library's plain-torch pair-sum kernels."""
+
+    def decomposed(a, b, pair_first, pair_second, implementation):
+        del implementation
+        from .indices import unremembered
+        from .ops.pair_sums.registered import run
+
+        with unremembered():  # the pairs of a trace are not remembered
+            return run(name, a, b, pair_first, pair_second, "torch")
+
+    return decomposed
+
+
 def decompositions() -> Dict[Any, Callable]:
     """The library's ops that :func:`export_for_aoti` replaces, each with a function of aten ops.
 
@@ -117,11 +140,17 @@ def decompositions() -> Dict[Any, Callable]:
         ops (``torch.ops.sparse_accumulation.accumulate.default``, ``accumulate_backward.default``) and the
         message-passing ops (``graph_accumulate.default``, ``graph_coefficient_sums.default``: the fused
         products of :func:`~sparse_accumulation.accumulate_graph` and of
-        :class:`sparse_accumulation.e3nn.TensorProduct` with indices).
+        :class:`sparse_accumulation.e3nn.TensorProduct` with indices), the polynomial op
+        (``polynomial.default``: :class:`sparse_accumulation.mace.SymmetricContraction`) and the pair sums
+        (``envsum``, ``sensesum``, ``featsum``).
     """
-    return {_OPS.accumulate.default: _accumulate, _OPS.accumulate_backward.default: _accumulate_backward,
-            _OPS.graph_accumulate.default: _graph_accumulate,
-            _OPS.graph_coefficient_sums.default: _graph_coefficient_sums}
+    table = {_OPS.accumulate.default: _accumulate, _OPS.accumulate_backward.default: _accumulate_backward,
+             _OPS.graph_accumulate.default: _graph_accumulate,
+             _OPS.graph_coefficient_sums.default: _graph_coefficient_sums,
+             _OPS.polynomial.default: _polynomial}
+    for name in ("envsum", "sensesum", "featsum"):
+        table[getattr(_OPS, name).default] = _pair_sum(name)
+    return table
 
 
 class _Decomposing(TorchFunctionMode):
@@ -159,8 +188,8 @@ def export_for_aoti(model: torch.nn.Module, args: Sequence[Any], *, dynamic_shap
 
     Raises:
         ValueError: ``dynamic_shapes`` with ``trace_autograd``.
-        NotImplementedError: the model calls an op of this library that has no decomposition (the polynomial
-            and pair-sum ops, the tensor API's indexed op); the message names it.
+        NotImplementedError: the model calls an op of this library that has no decomposition (the tensor
+            API's indexed op); the message names it.
     """
     args = tuple(args)
     if trace_autograd and dynamic_shapes is not None:

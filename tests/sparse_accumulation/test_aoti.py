@@ -208,3 +208,54 @@ def test_cpp_example_prints_the_energy(packages, tmp_path):
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert abs(float(result.stdout.split()[0]) - float(energy)) <= 1e-12 * abs(float(energy))
+
+
+class Contraction(torch.nn.Module):
+    """Energy of MACE's symmetric contraction of node features made from positions, and minus its gradient."""
+
+    def __init__(self, generator, nodes: int = 6):
+        super().__init__()
+        from sparse_accumulation.mace import SymmetricContraction
+
+        self.contraction = SymmetricContraction("2x0e+2x1o", "2x0e+2x1o", 3, num_elements=3, dtype=torch.float64)
+        with torch.no_grad():
+            for p in self.contraction.parameters():
+                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64))
+        self.register_buffer("elements", torch.arange(nodes) % 3)
+
+    def forward(self, positions):
+        positions = positions.detach().requires_grad_(True)
+        # [nodes, 2 channels, 0e + 1o] features of the positions
+        x = torch.cat([positions.pow(2).sum(-1, keepdim=True), positions], dim=-1)
+        x = torch.stack([x, x.sin()], dim=1)
+        energy = self.contraction(x, self.elements).tanh().sum()
+        return energy, -torch.autograd.grad([energy], [positions])[0]
+
+
+class PairSums(torch.nn.Module):
+    """Energy of HIP-NN's interaction sums over all ordered pairs, and minus its gradient."""
+
+    def __init__(self, nodes: int = 5):
+        super().__init__()
+        pairs = [(i, j) for i in range(nodes) for j in range(nodes) if i != j]
+        self.register_buffer("first", torch.tensor([i for i, _ in pairs]))
+        self.register_buffer("second", torch.tensor([j for _, j in pairs]))
+
+    def forward(self, positions):
+        positions = positions.detach().requires_grad_(True)
+        distances = (positions[self.first] - positions[self.second]).pow(2).sum(-1, keepdim=True).sqrt()
+        sensitivities = torch.cat([(-distances).exp(), 1 / (1 + distances)], dim=-1)
+        env = sa.envsum(sensitivities, positions.sin(), self.first, self.second)
+        energy = env.tanh().sum()
+        return energy, -torch.autograd.grad([energy], [positions])[0]
+
+
+@pytest.mark.parametrize("make", [Contraction, lambda generator: PairSums()], ids=["symmetric contraction", "pair sums"])
+def test_export_for_aoti_of_contractions_and_pair_sums_with_forces(generator, make):
+    model = make(generator)
+    positions = torch.randn(6 if isinstance(model, Contraction) else 5, 3, generator=generator, dtype=torch.float64)
+    program = export_for_aoti(model, (positions,), trace_autograd=True)
+    assert _no_library_ops(program)
+    other = torch.randn(positions.shape, generator=generator, dtype=torch.float64)
+    for got, expected in zip(program.module()(other), model(other)):
+        assert _relative(got, expected) <= 1e-12
