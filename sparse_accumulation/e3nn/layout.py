@@ -278,7 +278,7 @@ def computed(ins, irreps_in1, irreps_in2, irreps_out) -> bool:
 CHANNEL_MODES = ("uuu", "uvu")
 #: most nonzeros the instructions in other modes may expand to: each of their paths is a term of the rule
 #: (a "uvw" instruction: mul1 * mul2 * mul_out paths), which the kernels walk one by one
-MAX_EXPANDED_TERMS = 200_000
+MAX_EXPANDED_TERMS = 3_000_000
 
 
 def divisor_of_multiplicities(irreps_in1, irreps_in2, irreps_out, instructions) -> int:

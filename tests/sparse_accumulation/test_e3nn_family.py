@@ -173,8 +173,8 @@ def test_large_expanded_modes_are_refused_with_a_clear_error():
     from sparse_accumulation.e3nn import FullyConnectedTensorProduct
     from sparse_accumulation.e3nn.layout import MAX_EXPANDED_TERMS
 
-    # 64 * 64 * 64 paths of 0e x 0e -> 0e: one term each
-    assert 64 ** 3 > MAX_EXPANDED_TERMS
+    # 160 * 160 * 160 paths of 0e x 0e -> 0e: one term each
+    assert 160 ** 3 > MAX_EXPANDED_TERMS
     with pytest.raises(NotImplementedError, match="expand to more than"):
-        FullyConnectedTensorProduct("64x0e", "64x0e", "64x0e")
+        FullyConnectedTensorProduct("160x0e", "160x0e", "160x0e")
     FullyConnectedTensorProduct("32x0e", "32x0e", "32x0e")  # 32768 terms: made
