@@ -43,7 +43,18 @@ from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
 VARIANTS = ("mace", "accelerated")
-SYMBOLS = ("H", "C", "N", "O", "Si", "Cu")
+#: the elements of the first crystals' atoms; more come from the periodic table in order (MACE-MP-0 has 89)
+COMMON = ("H", "C", "N", "O", "Si", "Cu")
+
+
+def symbols(count: int) -> list:
+    """``count`` element symbols: :data:`COMMON` first, then the periodic table's others in order."""
+    from ase.data import chemical_symbols
+
+    found = list(COMMON) + [s for s in chemical_symbols[1:] if s not in COMMON]
+    if count > len(found):
+        raise SystemExit(f"--elements: at most {len(found)}")
+    return found[:count]
 
 
 def make_model(args):
@@ -62,7 +73,7 @@ def make_model(args):
             num_elements=args.elements, hidden_irreps=o3.Irreps(f"{args.channels}x0e + {args.channels}x1o"),
             MLP_irreps=o3.Irreps("16x0e"), gate=torch.nn.functional.silu,
             atomic_energies=np.linspace(-5.0, -1.0, args.elements), avg_num_neighbors=30.0,
-            atomic_numbers=[atomic_numbers[s] for s in SYMBOLS[:args.elements]], correlation=args.correlation)
+            atomic_numbers=[atomic_numbers[s] for s in symbols(args.elements)], correlation=args.correlation)
     finally:
         torch.set_default_dtype(previous)
     generator = torch.Generator().manual_seed(0)
@@ -79,7 +90,8 @@ def make_crystal(atoms: int, elements: int):
     k = max(2, round(atoms ** (1 / 3)))
     rng = np.random.default_rng(0)
     grid = np.stack(np.meshgrid(*[np.arange(k)] * 3, indexing="ij"), -1).reshape(-1, 3) * 2.5
-    return ase.Atoms([SYMBOLS[i] for i in rng.integers(0, elements, len(grid))],
+    names = symbols(elements)
+    return ase.Atoms([names[i] for i in rng.integers(0, elements, len(grid))],
                      positions=grid + rng.uniform(-0.2, 0.2, grid.shape), cell=np.eye(3) * 2.5 * k, pbc=True)
 
 
