@@ -172,3 +172,25 @@ def free_port() -> int:
 def loopback_environment():
     """Environment variables keeping gloo on the loopback interface."""
     return {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+
+
+class PathAndProduct(torch.nn.Module):
+    """A CG path and a weighted fused product (a weighted rule, broadcast operands), the way a network holds
+    them: ``(X1 [rows, 5], X2 [rows, 3], F [rows, 2, 4]) -> [rows]``, float64."""
+
+    def __init__(self):
+        super().__init__()
+        import sparse_accumulation as sa
+
+        self.path = sa.CGCalculatorSingle(2, 1, 2, dtype=torch.float64)
+        self.product = sa.ClebschGordanProduct(1, 1, lmax_out=1, weights=True, dtype=torch.float64)
+
+    def forward(self, X1, X2, F):
+        return self.path(X1, X2).sum(-1) + self.product(F, F).sum((-2, -1))
+
+
+def path_and_product_inputs(generator, rows=6):
+    """Random float64 inputs of :class:`PathAndProduct` with ``rows`` rows."""
+    return (torch.randn(rows, 5, generator=generator, dtype=torch.float64),
+            torch.randn(rows, 3, generator=generator, dtype=torch.float64),
+            torch.randn(rows, 2, 4, generator=generator, dtype=torch.float64))

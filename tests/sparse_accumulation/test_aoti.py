@@ -11,6 +11,7 @@ import torch
 
 import sparse_accumulation as sa
 from sparse_accumulation.export import decompositions, export_for_aoti
+from products_helpers import PathAndProduct, path_and_product_inputs
 
 o3 = pytest.importorskip("e3nn.o3")
 from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
@@ -63,24 +64,6 @@ class Interaction(torch.nn.Module):
         return energy, -torch.autograd.grad([energy], [positions])[0]
 
 
-class Products(torch.nn.Module):
-    """A CG path and a weighted product (a weighted rule, broadcast operands)."""
-
-    def __init__(self):
-        super().__init__()
-        self.path = sa.CGCalculatorSingle(2, 1, 2, dtype=torch.float64)
-        self.product = sa.ClebschGordanProduct(1, 1, lmax_out=1, weights=True, dtype=torch.float64)
-
-    def forward(self, X1, X2, F):
-        return self.path(X1, X2).sum(-1) + self.product(F, F).sum((-2, -1))
-
-
-def _products_inputs(generator, rows):
-    return (torch.randn(rows, 5, generator=generator, dtype=torch.float64),
-            torch.randn(rows, 3, generator=generator, dtype=torch.float64),
-            torch.randn(rows, 2, 4, generator=generator, dtype=torch.float64))
-
-
 def _no_library_ops(program):
     return not any(str(node.target).startswith("sparse_accumulation.")
                    for node in program.graph.nodes if node.op == "call_function")
@@ -109,13 +92,13 @@ def test_decompositions_match_the_kernels_forward_and_backward(generator, weight
 
 
 def test_export_for_aoti_leaves_no_library_op_and_keeps_dynamic_rows(generator):
-    model = Products()
+    model = PathAndProduct()
     batch = torch.export.Dim("batch", min=2)
-    program = export_for_aoti(model, _products_inputs(generator, 6),
+    program = export_for_aoti(model, path_and_product_inputs(generator, 6),
                               dynamic_shapes=({0: batch}, {0: batch}, {0: batch}))
     assert _no_library_ops(program)
     for rows in (3, 17):
-        inputs = _products_inputs(generator, rows)
+        inputs = path_and_product_inputs(generator, rows)
         assert _relative(program.module()(*inputs), model(*inputs)) <= 1e-12
 
 
@@ -141,7 +124,7 @@ def test_export_for_aoti_with_forces(generator, schedule, monkeypatch):
 
 def test_export_for_aoti_rejects_what_it_cannot_do(generator):
     with pytest.raises(ValueError, match="static shapes"):
-        export_for_aoti(Products(), _products_inputs(generator, 4), dynamic_shapes=({}, {}, {}),
+        export_for_aoti(PathAndProduct(), path_and_product_inputs(generator, 4), dynamic_shapes=({}, {}, {}),
                         trace_autograd=True)
 
     class Indexed(torch.nn.Module):  # the tensor API: index tensors as data, no decomposition

@@ -7,30 +7,12 @@ import torch
 
 import sparse_accumulation as sa
 from accumulation_helpers import assert_close_to
-
-
-class Model(torch.nn.Module):
-    """A CG path and a fused product, the way a network holds them."""
-
-    def __init__(self):
-        super().__init__()
-        self.path = sa.CGCalculatorSingle(2, 1, 2, dtype=torch.float64)
-        self.product = sa.ClebschGordanProduct(1, 1, lmax_out=1, weights=True, dtype=torch.float64)
-
-    def forward(self, X1, X2, F):
-        return self.path(X1, X2).sum(-1) + self.product(F, F).sum((-2, -1))
-
-
-def _inputs(generator, rows=6):
-    X1 = torch.randn(rows, 5, generator=generator, dtype=torch.float64)
-    X2 = torch.randn(rows, 3, generator=generator, dtype=torch.float64)
-    F = torch.randn(rows, 2, 4, generator=generator, dtype=torch.float64)
-    return X1, X2, F
+from products_helpers import PathAndProduct, path_and_product_inputs
 
 
 def test_export_runs_and_keeps_the_rule_ops(generator, tmp_path):
-    model = Model()
-    inputs = _inputs(generator)
+    model = PathAndProduct()
+    inputs = path_and_product_inputs(generator)
     program = torch.export.export(model, inputs)
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert "sparse_accumulation.accumulate.default" in targets
@@ -51,11 +33,12 @@ def test_export_runs_and_keeps_the_rule_ops(generator, tmp_path):
 
 
 def test_export_with_a_dynamic_batch_dimension(generator):
-    model = Model()
+    model = PathAndProduct()
     batch = torch.export.Dim("batch", min=2)
-    program = torch.export.export(model, _inputs(generator), dynamic_shapes=({0: batch}, {0: batch}, {0: batch}))
+    program = torch.export.export(model, path_and_product_inputs(generator),
+                                  dynamic_shapes=({0: batch}, {0: batch}, {0: batch}))
     for rows in (3, 17):
-        inputs = _inputs(generator, rows)
+        inputs = path_and_product_inputs(generator, rows)
         assert_close_to(program.module()(*inputs), model(*inputs), torch.float64)
 
 
