@@ -233,7 +233,8 @@ class PairSums(torch.nn.Module):
         return energy, -torch.autograd.grad([energy], [positions])[0]
 
 
-@pytest.mark.parametrize("make", [Contraction, lambda generator: PairSums()], ids=["symmetric contraction", "pair sums"])
+@pytest.mark.parametrize("make", [Contraction, lambda generator: PairSums()],
+                         ids=["symmetric contraction", "pair sums"])
 def test_export_for_aoti_of_contractions_and_pair_sums_with_forces(generator, make):
     model = make(generator)
     positions = torch.randn(6 if isinstance(model, Contraction) else 5, 3, generator=generator, dtype=torch.float64)
