@@ -31,10 +31,12 @@ def _elements_on_device(elements):
     return Elements(elements.tensor.to(DEVICE), elements.num_elements)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, pytest.param(torch.float32, marks=pytest.mark.slow)])
-def test_lane_and_element_outputs_equal_the_reference(generator, dtype):
-    """A random program's output (lane) and its derivative program's gradients (lane and element outputs)."""
-    program = random_program(generator, channels=3)
+@pytest.mark.parametrize("dtype, channels", [(torch.float64, 3), (torch.float64, 40),
+                                             pytest.param(torch.float32, 3, marks=pytest.mark.slow)])
+def test_lane_and_element_outputs_equal_the_reference(generator, dtype, channels):
+    """A random program's output (lane) and its derivative program's gradients (lane and element outputs); 40
+    channels take two blocks of channels, the second one partly masked."""
+    program = random_program(generator, channels=channels)
     elements = random_elements(generator, 21, 3)
     tensors = random_operands(generator, program, 21, 3)
     cotangent = torch.randn(21, program.outputs[0].width, generator=generator, dtype=torch.float64)
