@@ -186,16 +186,6 @@ def test_a_state_with_other_convolution_coefficients_is_refused(generator):
         ours.load_state_dict(state)
 
 
-@pytest.mark.slow
-def test_torch_compile_of_a_converted_model(generator):
-    """``torch.compile`` of a converted model: energies and forces equal MACE's, on its first and a later call."""
-    model = mace_model(generator)
-    compiled = torch.compile(accelerate(copy.deepcopy(model)))
-    data = batch(structures(generator), model)
-    for _ in range(2):
-        assert_same_outputs(compiled, model, data, stress=False)
-
-
 def test_torch_save_and_load(generator, tmp_path):
     model = mace_model(generator)
     ours = accelerate(copy.deepcopy(model))
