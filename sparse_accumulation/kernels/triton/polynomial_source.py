@@ -95,10 +95,13 @@ def tables(program, outputs) -> Tables:
     named = {"AT": [0], "AO": [], "AB": [], "AS": [], "EO": [], "EB": [], "ES": []}
     named.update({f"W{f}": [] for f in range(words)})
     coefficients = []
+    by_accumulator = {}
+    for j in outputs:
+        for c, coefficient, factors in program.terms[j]:
+            by_accumulator.setdefault((j, c), []).append((coefficient, factors))
     for j, c in accumulators:
-        terms = [t for t in program.terms[j] if t[0] == c]
         # an accumulator without terms is written too (zeros): outputs need not start from zeros
-        for _, coefficient, factors in terms or [(c, 0.0, ())]:
+        for coefficient, factors in by_accumulator.get((j, c), [(0.0, ())]):
             cols = sorted(column[f] for f in factors if lane(f[0]))
             for f, word in enumerate(_pack(cols + [one] * (degree - len(cols)))):
                 named[f"W{f}"].append(word)
