@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 
@@ -24,6 +23,8 @@ from e3nn import o3
 
 from sparse_accumulation.e3nn import TensorProduct
 from sparse_accumulation.export import export_for_aoti
+
+from cpu import median_ms
 
 
 class EnergyAndForces(torch.nn.Module):
@@ -55,16 +56,6 @@ class EnergyAndForces(torch.nn.Module):
         return energy, -torch.autograd.grad([energy], [positions])[0]
 
 
-def median_ms(function, repeats: int) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--atoms", type=int, default=64)
@@ -91,8 +82,8 @@ def main():
           f"{torch.get_num_threads()} threads")
     print(f"export {exported:.1f} s, compile and package {packaged:.1f} s")
     print(f"relative difference from eager: energies {errors[0]:.1e}, forces {errors[1]:.1e}")
-    eager = median_ms(lambda: model(positions), args.repeats)
-    package = median_ms(lambda: loaded(positions), args.repeats)
+    eager = median_ms(lambda: model(positions), args.repeats, warmup=1)
+    package = median_ms(lambda: loaded(positions), args.repeats, warmup=1)
     print(f"energies and forces: eager (numba) {eager:.2f} ms, package {package:.2f} ms, "
           f"package / eager {package / eager:.2f}")
 
