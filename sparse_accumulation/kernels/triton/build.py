@@ -9,11 +9,12 @@ per-call argument analysis. ``triton.jit`` decides when a kernel is created whet
 interpreter (``TRITON_INTERPRET=1``), so the flag is part of the cache key.
 
 What a kernel's first use costs is mostly Triton compiling each of its configurations and the autotuner timing
-them. So (:func:`autotuned`): the configurations of a kernel are compiled at once, in threads
-(:func:`precompile`, before its first launch for a tuning key; ``SPARSE_ACCUMULATION_TRITON_PARALLEL_COMPILE=0``
-compiles them one by one as Triton does); each is timed by a few launches (:func:`quick_bench`) rather than
-Triton's 125 ms or more; and the choice is kept in Triton's disk cache, so a new process that finds the kernels
-compiled on disk does not time them again.
+them. So (:func:`autotuned`): the configurations of a kernel are compiled at once, in worker processes
+(:func:`precompile`, before its first launch for a tuning key; :mod:`.compile_workers`;
+``SPARSE_ACCUMULATION_TRITON_PARALLEL_COMPILE=0`` compiles them one by one as Triton does); each is timed by a
+few launches (:func:`quick_bench`) rather than Triton's 125 ms or more; and the choice is kept in Triton's disk
+cache, so a new process that finds the kernels compiled on disk does not time them again. :func:`prefetch`
+hands a kernel's compiles to the workers without waiting (for kernels a later launch will need).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ try:  # Triton 3.4 on: compiling in an executor
 except ImportError:  # pragma: no cover - older Triton compiles configurations one by one
     _AsyncCompileMode = None
 
-from . import configs
+from . import compile_workers, configs
 
 _kernels = {}
 _lock = threading.Lock()
@@ -161,13 +162,19 @@ def fixed_kernel(source: str, name: str, ints, constexprs: dict, num_warps: int)
 _executor = None
 
 
-def _compile_executor() -> ThreadPoolExecutor:
+def _compile_executor():
+    """Where :func:`precompile` compiles: worker processes (:mod:`.compile_workers`), or threads of this
+    process with ``SPARSE_ACCUMULATION_TRITON_COMPILE_WORKERS=0``."""
     global _executor
     if _executor is None:
         with _lock:
             if _executor is None:
-                _executor = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1),
-                                               thread_name_prefix="sparse_accumulation_triton_compile")
+                workers = compile_workers.worker_count()
+                if workers:
+                    _executor = compile_workers.ProcessExecutor(workers)
+                else:
+                    _executor = ThreadPoolExecutor(max_workers=min(32, os.cpu_count() or 1),
+                                                   thread_name_prefix="sparse_accumulation_triton_compile")
     return _executor
 
 
@@ -181,8 +188,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def precompile(kernel, args, grid) -> None:
-    """Compile every configuration of the autotuned ``kernel`` for the arguments ``args`` at once, in threads
-    (Triton's compiler and ``ptxas`` release the GIL), instead of one by one as the autotuner meets them.
+    """Compile every configuration of the autotuned ``kernel`` for the arguments ``args`` at once (in worker
+    processes, see :func:`_compile_executor`), instead of one by one as the autotuner meets them.
     Configurations already compiled (in this process or in Triton's disk cache) cost a cache lookup; one that
     fails to compile is left to the autotuner, which reports or skips it as before."""
     configs = getattr(kernel, "configs", ())
@@ -192,3 +199,20 @@ def precompile(kernel, args, grid) -> None:
     with _AsyncCompileMode(_compile_executor(), ignore_errors=True):
         for config in configs:
             fn.warmup(*args, grid=grid, **config.all_kwargs())
+
+
+def prefetch(kernel, args, grid) -> None:
+    """Start compiling every configuration of the autotuned ``kernel`` for ``args`` in worker processes, and
+    return at once (see :meth:`.compile_workers.ProcessExecutor.prefetch`); nothing where compiles run in
+    threads or under the interpreter."""
+    fn = getattr(kernel, "fn", None)
+    if not prefetching() or fn is None:
+        return
+    configs = getattr(kernel, "configs", ())
+    _compile_executor().prefetch(lambda: [fn.warmup(*args, grid=grid, **c.all_kwargs()) for c in configs])
+
+
+def prefetching() -> bool:
+    """Whether :func:`prefetch` compiles anything: compile workers on, Triton compiling (not interpreting)."""
+    return (PARALLEL_COMPILE and _AsyncCompileMode is not None and not interpreting()
+            and isinstance(_compile_executor(), compile_workers.ProcessExecutor))

@@ -19,7 +19,7 @@ try:  # triton is optional: is_available() reports whether this backend can run
 except Exception:  # pragma: no cover - depends on the environment
     triton = None
 
-__all__ = ["run", "segment_sum"]
+__all__ = ["run", "segment_sum", "compile_only", "prefetching"]
 
 _INT32_LIMIT = 2**31 - 1
 #: programs of ``BLOCK_R * BLOCK_B`` lanes (then warps) to tune over, best guess first
@@ -64,10 +64,11 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
     dtype = operand.dtype
     out_rows = {slot: rows for slot, _, rows in outputs}
     results = {}
+    only_compiling = launch.compiling_only()  # outputs are not written: no rows to hold them
     for slot, mode, rows in outputs:
         width = crule.maps[slot].width
         zeroed = mode == ATOMIC or not crule.writes_every_column(slot)
-        results[slot] = (operand.new_zeros if zeroed else operand.new_empty)((rows, width))
+        results[slot] = (operand.new_zeros if zeroed else operand.new_empty)((0 if only_compiling else rows, width))
     grid_rows = segments[0].shape[0] - 1 if segments is not None else edges
     if grid_rows == 0 or crule.rule.nnz == 0 or (edges == 0 and segments is None):
         for slot, mode, _ in outputs:
@@ -130,6 +131,17 @@ def segment_sum(Z, segments, rows: int, traceable: bool = False):
                   [Z.shape[1], Z.stride(0), out.stride(0)], device=Z.device, traceable=traceable,
                   small=Z.numel() < _INT32_LIMIT)
     return out
+
+
+def compile_only():
+    """A context in which :func:`run` and :func:`segment_sum` only start compiling their kernels, in worker
+    processes, and return outputs that hold nothing (see :func:`.launch.compile_only`)."""
+    return launch.compile_only()
+
+
+def prefetching() -> bool:
+    """Whether :func:`compile_only` starts any compile (compile workers on; see :func:`.build.prefetching`)."""
+    return build.prefetching()
 
 
 def is_available() -> bool:

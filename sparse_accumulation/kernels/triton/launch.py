@@ -19,6 +19,7 @@ interpreter, another Triton), where a launch hook is installed (profilers), or w
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -166,6 +167,26 @@ def _launch_plan(plan, grid, index, pointers, ints) -> None:
                   *pointers, *ints, *plan.constexprs)
 
 
+_mode = threading.local()
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Within it, launches launch nothing: each hands its kernel's compiles to worker processes
+    (:func:`.build.prefetch`) and returns at once. Outputs are then never written."""
+    previous = getattr(_mode, "compile_only", False)
+    _mode.compile_only = True
+    try:
+        yield
+    finally:
+        _mode.compile_only = previous
+
+
+def compiling_only() -> bool:
+    """Whether launches only compile (inside :func:`compile_only`)."""
+    return getattr(_mode, "compile_only", False)
+
+
 def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None, small=True) -> None:
     """Launch ``kernel`` (a generated kernel behind a ``triton.autotune`` of its configurations) on ``grid``.
 
@@ -182,6 +203,9 @@ def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None
     """
     if traceable:
         torch.library.wrap_triton(kernel)[grid](*pointers, *ints)
+        return
+    if compiling_only():
+        build.prefetch(kernel, pointers + ints, grid)
         return
     _public_or_first(kernel, grid, pointers, ints, device, tuning, small)
 
@@ -200,6 +224,9 @@ class Call:
     def __call__(self, pointers, device, traceable=False) -> None:
         if traceable:
             torch.library.wrap_triton(self.kernel)[self.grid](*pointers, *self.ints)
+            return
+        if compiling_only():
+            build.prefetch(self.kernel, list(pointers) + list(self.ints), self.grid)
             return
         if FAST_LAUNCH and self.fast and not _hooks_active():
             index = torch._C._cuda_getDevice()

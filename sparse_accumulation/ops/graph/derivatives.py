@@ -89,6 +89,80 @@ def sum_gradients(ctx, grad, accumulate):
     return result
 
 
+#: the kinds of call whose gradient kernels :func:`prefetch_gradients` started compiling
+_prefetched = set()
+
+
+class _Saved:
+    """What :func:`save` keeps, readable at once (a function's own context gives its saved tensors back only
+    in its backward)."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+def prefetch_gradients(tensors, C, indices, offsets, orders, args, kernels, run) -> None:
+    """Before the first forward of its kind, start compiling the kernels of the call's gradients and of their
+    gradients (a force-training step differentiates twice), so that they compile in worker processes while the
+    model's forward goes on, rather than one after another as its backward meets them.
+
+    The gradients are taken as :func:`accumulate_gradients` takes them, with stand-ins for the output gradients,
+    inside the kernels' ``compile_only`` context, where ``run(kernels, tensors, C, indices, offsets, orders,
+    crule, outputs, rows, edges, reduction)`` launches nothing. The second derivatives are taken as if the
+    first derivative's inputs that are output gradients wanted gradients (as in a step that trains on forces).
+    A kind is what decides the kernels: the rule, outputs, implementation, reduction, which tensors want
+    gradients, which index arrays are given, the dtype and device. Nothing happens where the kernels cannot
+    prefetch (``kernels.prefetching`` absent or false: the CPU, compiles in threads)."""
+    prefetching = getattr(kernels, "prefetching", None)
+    if prefetching is None:
+        return
+    wanted = [t is not None and t.requires_grad for t in tensors]
+    if not (C.requires_grad or any(wanted)) or _kind(C, indices, offsets, orders, args, wanted,
+                                                     C.requires_grad) in _prefetched or not prefetching():
+        return
+    with kernels.compile_only():
+        _prefetch(list(tensors), C, indices, offsets, orders, args, wanted, C.requires_grad,
+                  lambda *call: run(kernels, *call), depth=2)
+
+
+def _kind(C, indices, offsets, orders, args, wanted, c_wanted) -> tuple:
+    crule, outputs, rows, edges, implementation, reduction = args
+    return (crule, tuple(outputs), implementation, reduction, c_wanted, C.dtype, C.device, tuple(wanted),
+            tuple(v is not None for group in (indices, offsets, orders) for v in group))
+
+
+def _stand_in(like: Tensor, rows: int, width: int) -> Tensor:
+    """A ``[rows, width]`` tensor that holds nothing: one uninitialised row, repeated (a launch that only
+    compiles reads no value)."""
+    return like.new_empty((1, width)).expand(rows, width)
+
+
+def _prefetch(tensors, C, indices, offsets, orders, args, wanted, c_wanted, run, depth: int) -> None:
+    crule, outputs, rows, edges, implementation, reduction = args
+    kind = _kind(C, indices, offsets, orders, args, wanted, c_wanted)
+    if kind in _prefetched:
+        return
+    _prefetched.add(kind)
+    saved = _Saved()
+    save(saved, tensors, C, indices, offsets, orders)
+    saved.wanted, saved.c_wanted, saved.args = list(wanted), c_wanted, args
+    like = next(t for t in tensors if t is not None)
+    maps = ChannelRule.from_key(crule).maps
+    grads = [_stand_in(like, rows[s], maps[s].width) for s in outputs]
+
+    def accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation,
+                   reduction):
+        inputs = [X1, X2, W, T]
+        run(inputs, C, indices, offsets, orders, crule, outputs, rows, edges, reduction)
+        if depth > 1:
+            given = [t is not None and (wanted[s] or any(t is g for g in grads)) for s, t in enumerate(inputs)]
+            _prefetch(inputs, C, indices, offsets, orders, (crule, outputs, rows, edges, implementation, reduction),
+                      given, c_wanted, run, depth - 1)
+        return [C.new_zeros(()) for _ in outputs]  # nothing was computed; scalars that add up
+
+    accumulate_gradients(saved, grads, accumulate, lambda *call: None)
+
+
 def no_gradient(values: list):
     """The gradient of a list argument: a list of None where autograd sees its tensors (a list of tensors
     only), else None (a list holding None is one opaque argument)."""

@@ -24,8 +24,21 @@ class _EagerAccumulate(torch.autograd.Function):
         return derivatives.accumulate_gradients(ctx, grads, _eager_accumulate, _EagerSums.apply) + (None,) * 9
 
 
-def _eager_accumulate(*args):
-    return _EagerAccumulate.apply(*args)
+def _run_kernels(kernels, tensors, C, indices, offsets, orders, crule, outputs, rows, edges, reduction):
+    return registered.run(kernels, tensors, C, indices, offsets, orders, crule, outputs, rows, edges, reduction,
+                          False)
+
+
+def _eager_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation,
+                      reduction):
+    """The differentiable eager call; where a graph will record it (gradients on), its gradients' kernels start
+    compiling first (:func:`.derivatives.prefetch_gradients`)."""
+    if torch.is_grad_enabled():
+        derivatives.prefetch_gradients((X1, X2, W, T), C, indices, offsets, orders,
+                                       (crule, outputs, rows, edges, implementation, reduction),
+                                       backends.kernel_module("graph", implementation), _run_kernels)
+    return _EagerAccumulate.apply(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                                  implementation, reduction)
 
 
 class _EagerSums(torch.autograd.Function):
@@ -44,5 +57,5 @@ def accumulate(X1, X2, W, T, C, indices, offsets, orders, crule: str, outputs, r
                implementation: str, reduction: str) -> list:
     """The outputs of :func:`~.registered.graph_accumulate` through the eager path, for a resolved
     ``implementation``."""
-    return list(_EagerAccumulate.apply(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
-                                       implementation, reduction))
+    return list(_eager_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
+                                  implementation, reduction))
