@@ -106,7 +106,7 @@ def test_what_a_worker_cannot_do_is_compiled_here(private_cache):
 
 def test_a_kernel_that_differs_from_the_workers_turns_workers_off(private_cache, monkeypatch):
     executor = _executor()
-    monkeypatch.setattr(executor.pool, "run", lambda job, urgent=True: ("ok", "another hash"))
+    monkeypatch.setattr(executor.pool, "run", lambda job: ("ok", "another hash"))
     executor.submit(_compile_call("sparse_accumulation_worker_mismatch", 2, [])).result()
     assert not executor.enabled and executor.compiled_by_workers == 0
 
@@ -142,6 +142,22 @@ def test_the_worker_script_imports_neither_torch_nor_this_package():
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_prefetched_compile_is_asked_of_a_worker_once_at_a_lower_priority(private_cache, monkeypatch):
+    executor = _executor()
+    asked = []
+    for pool, urgent in ((executor.pool, True), (executor.ahead_pool, False)):
+        monkeypatch.setattr(pool, "run", lambda job, original=pool.run, urgent=urgent: asked.append(urgent)
+                            or original(job))
+    call = _compile_call("sparse_accumulation_worker_prefetched", 2, [])
+    failed = executor.prefetch_submit(call)
+    assert failed.exception() is not None  # to Triton, the prefetched call compiled nothing here
+    kernel = executor.submit(call).result()  # waits for the prefetch's answer, asks no worker again
+    assert asked == [False] and executor.compiled_by_workers == 1 and kernel.hash == call().hash
+    (ahead,) = executor.ahead_pool.idle
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, ahead.process.pid) == min(19, ours + executor.AHEAD_NICENESS)
 
 
 @pytest.mark.cuda

@@ -1,6 +1,6 @@
 """A process that compiles Triton kernels into Triton's disk cache (see :mod:`.compile_workers`).
 
-Run as a script (``python compile_worker.py``), so that it imports Triton and the generated kernel modules
+Run as a script (``python compile_worker.py [NICENESS]``), so that it imports Triton and the generated kernel modules
 only (not torch, not this package). It reads jobs from stdin and answers each on stdout, every message a
 pickle behind its 8-byte length. A job names the kernel (the file and module of its generated source, the
 function, the arguments it does not specialise on) and what Triton's JIT decided for the call (signature,
@@ -74,6 +74,8 @@ def compile_job(job, functions: dict):
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and int(sys.argv[1]) > 0:
+        os.nice(int(sys.argv[1]))  # a worker for compiles ahead of need: the cores go to others first
     # the protocol keeps file descriptor 1 to itself; anything else printed goes to stderr
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

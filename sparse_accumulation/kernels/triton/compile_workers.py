@@ -10,7 +10,9 @@ worker's kernel is not the one this process then loads (a different cache key), 
 the rest of the process.
 
 Workers start on first use (up to ``SPARSE_ACCUMULATION_TRITON_COMPILE_WORKERS``, default the CPU count, at
-most 16; ``0`` turns them off) and exit after two idle minutes or with this process.
+most 16; ``0`` turns them off) and exit after two idle minutes or with this process. Compiles ahead of need
+(:meth:`ProcessExecutor.prefetch`) run in as many more workers at a lower CPU priority (``nice`` 10), so
+that a compile someone waits for gets the cores first.
 """
 from __future__ import annotations
 
@@ -41,8 +43,8 @@ def worker_count() -> int:
 
 
 class _Worker:
-    def __init__(self):
-        self.process = subprocess.Popen([sys.executable, _WORKER_SCRIPT], stdin=subprocess.PIPE,
+    def __init__(self, niceness: int):
+        self.process = subprocess.Popen([sys.executable, _WORKER_SCRIPT, str(niceness)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True)
         self.ready = False
 
@@ -66,64 +68,47 @@ class _Worker:
 
 
 class _Pool:
-    """Worker processes, started when needed, one job at a time each. A job someone waits for (``urgent``)
-    gets the next free worker before any job compiled ahead of its need, and jobs ahead of need leave a few
-    workers free for urgent ones."""
+    """Up to ``size`` worker processes of one CPU priority (``niceness``, as ``nice``), started when needed,
+    one job at a time each."""
 
-    def __init__(self, size: int):
-        self.size = size
-        self.ahead_limit = max(1, size - min(4, size // 2))
+    def __init__(self, size: int, niceness: int = 0):
+        self.size, self.niceness = size, niceness
         self.idle = []
         self.started = 0
-        self.ahead = 0
-        self.urgent_waiting = 0
         self.condition = threading.Condition()
 
-    def _may_take(self, urgent: bool) -> bool:
-        return urgent or (not self.urgent_waiting and self.ahead < self.ahead_limit)
-
-    def _acquire(self, urgent: bool) -> _Worker:
+    def _acquire(self) -> _Worker:
         with self.condition:
-            if urgent:
-                self.urgent_waiting += 1
-            try:
-                while not (self._may_take(urgent) and (self.idle or self.started < self.size)):
-                    self.condition.wait()
-                if not urgent:
-                    self.ahead += 1
-                if self.idle:
-                    return self.idle.pop()
-                self.started += 1
-            finally:
-                if urgent:
-                    self.urgent_waiting -= 1
+            while not (self.idle or self.started < self.size):
+                self.condition.wait()
+            if self.idle:
+                return self.idle.pop()
+            self.started += 1
         try:
-            return _Worker()
+            return _Worker(self.niceness)
         except OSError:
-            self._release(None, urgent)
+            self._release(None)
             raise
 
-    def _release(self, worker, urgent: bool) -> None:
+    def _release(self, worker) -> None:
         with self.condition:
-            if not urgent:
-                self.ahead -= 1
             if worker is None:
                 self.started -= 1
             else:
                 self.idle.append(worker)
             self.condition.notify_all()
 
-    def run(self, job, urgent: bool = True):
+    def run(self, job):
         """The answer of a worker to ``job`` (a fresh worker is tried once if the first one is gone); None
         where no worker answers."""
         for _ in range(2):
-            worker = self._acquire(urgent)
+            worker = self._acquire()
             answer = worker.ask(job)
             if answer is not None:
-                self._release(worker, urgent)
+                self._release(worker)
                 return answer
             worker.close()
-            self._release(None, urgent)
+            self._release(None)
         return None
 
     def close_idle(self) -> None:
@@ -186,8 +171,12 @@ class ProcessExecutor:
     :meth:`prefetch` hands a kernel's compiles to workers without waiting for them: a later launch of the
     kernel then waits for (or finds on disk) what they compiled instead of compiling it again."""
 
+    #: the CPU priority of workers that compile ahead of need: below those someone waits for
+    AHEAD_NICENESS = 10
+
     def __init__(self, workers: int):
         self.pool = _Pool(workers)
+        self.ahead_pool = _Pool(workers, self.AHEAD_NICENESS)
         # urgent compiles and prefetched ones wait for workers in threads of their own
         self.threads = ThreadPoolExecutor(max_workers=max(1, workers),
                                           thread_name_prefix="sparse_accumulation_triton_compile")
@@ -220,7 +209,7 @@ class ProcessExecutor:
         if owner:
             answer = None
             try:
-                answer = self.pool.run(_wire(job), urgent)
+                answer = (self.pool if urgent else self.ahead_pool).run(_wire(job))
             except OSError:  # no worker could start: compile here from now on
                 self.enabled = False
             finally:
@@ -261,6 +250,7 @@ class ProcessExecutor:
         self.threads.shutdown(wait=True)
         self.prefetch_threads.shutdown(wait=True)
         self.pool.close_idle()
+        self.ahead_pool.close_idle()
 
 
 class _Recorder:
