@@ -281,10 +281,12 @@ CHANNEL_MODES = ("uuu", "uvu")
 MAX_EXPANDED_TERMS = 3_000_000
 
 
-def divisor_of_multiplicities(irreps_in1, irreps_in2, irreps_out, instructions) -> int:
+def divisor_of_multiplicities(irreps_in1, irreps_in2, irreps_out, instructions, skip=frozenset()) -> int:
     """The greatest common divisor of the multiplicities the computed instructions use (1 without any, and 1 when
-    one of them is in a mode other than :data:`CHANNEL_MODES`)."""
-    used = [ins for ins in instructions if computed(ins, irreps_in1, irreps_in2, irreps_out)]
+    one of them is in a mode other than :data:`CHANNEL_MODES`); instructions numbered in ``skip`` are not
+    counted (they are computed elsewhere)."""
+    used = [ins for i, ins in enumerate(instructions)
+            if i not in skip and computed(ins, irreps_in1, irreps_in2, irreps_out)]
     if any(ins.connection_mode not in CHANNEL_MODES for ins in used):
         return 1
     muls = [irreps_in1[ins.i_in1].mul for ins in used]
@@ -317,13 +319,15 @@ def _weight_layout(instructions, computes, channels: int) -> Optional[WeightLayo
     return WeightLayout(make_layout(pieces, wanted, channels), columns, ones, uniform)
 
 
-def make_plan(irreps_in1, irreps_in2, irreps_out, instructions, channels: int) -> Plan:
-    """The :class:`Plan` of instructions (with their ``path_weight`` = e3nn's ``sqrt(alpha)``) on ``channels``.
+def make_plan(irreps_in1, irreps_in2, irreps_out, instructions, channels: int, skip=frozenset()) -> Plan:
+    """The :class:`Plan` of instructions (with their ``path_weight`` = e3nn's ``sqrt(alpha)``) on ``channels``;
+    the instructions numbered in ``skip`` are left out (computed elsewhere; their weights keep their place).
 
     Raises:
         ValueError: ``channels`` does not divide the multiplicity of an irrep the instructions use.
     """
-    computes = [computed(ins, irreps_in1, irreps_in2, irreps_out) for ins in instructions]
+    computes = [i not in skip and computed(ins, irreps_in1, irreps_in2, irreps_out)
+                for i, ins in enumerate(instructions)]
     used = [ins for ins, use in zip(instructions, computes) if use]
     for ins in used:
         if channels > 1 and ins.connection_mode not in CHANNEL_MODES:

@@ -39,6 +39,7 @@ import torch
 from .. import backends
 from ..ops.accumulate.api import accumulate_rule
 from ..ops.scripted import broadcast_shapes, check_index, check_like, check_width
+from .factored import factored_instructions, factored_product, specs
 from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
@@ -375,8 +376,14 @@ class TensorProduct(torch.nn.Module):
 
     def _make_plans(self, channels, dtype) -> None:
         """The plan with one channel (CPU) and the one with ``channels`` (default: the multiplicities'
-        greatest common divisor; CUDA), the same object when they coincide."""
-        divisor = divisor_of_multiplicities(self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions)
+        greatest common divisor; CUDA), the same object when they coincide; and the instructions computed
+        factored (:mod:`.factored`), which the plans leave out."""
+        factored = factored_instructions(self.instructions, self.irreps_in1, self.irreps_in2, self.irreps_out)
+        rows, coefficients = specs(self.instructions, factored, self.irreps_in1, self.irreps_in2, self.irreps_out)
+        self._factored_specs = rows
+        self.register_buffer("_factored_coefficients", torch.as_tensor(coefficients, dtype=dtype), persistent=False)
+        divisor = divisor_of_multiplicities(self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions,
+                                            factored)
         if channels is not None:
             if isinstance(channels, bool) or not isinstance(channels, int) or channels < 1:
                 raise ValueError(f"channels must be a positive int or None, got {channels!r}")
@@ -385,8 +392,9 @@ class TensorProduct(torch.nn.Module):
                                  "multiplicities the instructions use")
         self.channels = divisor if channels is None else channels
         args = (self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions)
-        self._channel_plan = make_plan(*args, self.channels)
-        self._row_plan = make_plan(*args, 1) if channels is None and self.channels > 1 else self._channel_plan
+        self._channel_plan = make_plan(*args, self.channels, factored)
+        self._row_plan = (make_plan(*args, 1, factored) if channels is None and self.channels > 1
+                          else self._channel_plan)
         for name, plan in (("coefficients_channels", self._channel_plan), ("coefficients_rows", self._row_plan)):
             self.register_buffer(name, torch.as_tensor(plan.coefficients, dtype=dtype), persistent=False)
         self._graph_rule = channel_rule(self._channel_plan, self.irreps_in2.dim)
@@ -528,8 +536,36 @@ class TensorProduct(torch.nn.Module):
                  reduction: Optional[str]) -> torch.Tensor:
         """:meth:`forward` (which subclasses may give another signature)."""
         if torch.jit.is_scripting():
-            return self._scripted(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
-        return self._eager(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+            out = self._scripted(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+        else:
+            weight = self._joined(weight)
+            out = self._eager(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+            indices_1, indices_2, indices_out = (_index_tensor(i) for i in (indices_1, indices_2, indices_out))
+        if len(self._factored_specs) > 0:
+            out = out + self._factored(x, y, weight, indices_1, indices_2, indices_out, size_out)
+        return out
+
+    def _factored(self, x: torch.Tensor, y: torch.Tensor, weight: Optional[torch.Tensor],
+                  indices_1: Optional[torch.Tensor], indices_2: Optional[torch.Tensor],
+                  indices_out: Optional[torch.Tensor], size_out: Optional[int]) -> torch.Tensor:
+        """The part of the instructions computed factored (:mod:`.factored`), for arguments the kernels' part
+        has checked: ``[..., irreps_out.dim]``, or with indices ``[size_out (or edges), irreps_out.dim]``."""
+        W = self.weight.to(x.dtype) if weight is None else weight
+        C = self._factored_coefficients.to(x.dtype)
+        if indices_1 is None and indices_2 is None and indices_out is None and size_out is None:
+            lead = broadcast_shapes(x.shape[:-1], y.shape[:-1])
+            if not self.shared_weights:
+                lead = broadcast_shapes(lead, W.shape[:-1])
+                W = _broadcast_rows(W, lead)
+            out = factored_product(_broadcast_rows(x, lead), _broadcast_rows(y, lead), W, self.shared_weights,
+                                   self._factored_specs, C, self._dims[2])
+            return out.view(lead + [self._dims[2]])
+        messages = factored_product(x if indices_1 is None else x.index_select(0, indices_1),
+                                    y if indices_2 is None else y.index_select(0, indices_2), W,
+                                    self.shared_weights, self._factored_specs, C, self._dims[2])
+        if indices_out is None or size_out is None:
+            return messages
+        return messages.new_zeros(size_out, self._dims[2]).index_add(0, indices_out.to(torch.int64), messages)
 
     @torch.jit.export
     def right(self, y: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -649,7 +685,9 @@ class TensorProduct(torch.nn.Module):
         from ..ops.graph.api import message_indices
 
         x_rows, y_rows, out_rows = message_indices(x, y, indices_1, indices_2, indices_out, size_out)
-        messages = self.forward(x if x_rows is None else x[x_rows], y if y_rows is None else y[y_rows], weight)
+        # the kernels' part only: the caller adds the factored instructions' messages
+        messages = self._eager(x if x_rows is None else x[x_rows], y if y_rows is None else y[y_rows], weight, None,
+                               None, None, None, None)
         if out_rows is None:
             return messages
         return messages.new_zeros(size_out, messages.shape[-1]).index_add(0, out_rows, messages)
@@ -697,6 +735,9 @@ class TensorProduct(torch.nn.Module):
         else:
             if self.shared_weights and weight.dim() != 1:
                 raise ValueError(f"weight must be [{self.weight_numel}] (shared weights), got shape {weight.shape}")
+            if not self.shared_weights and weight.dim() < 2:
+                raise ValueError(f"weight must be [..., {self.weight_numel}] with at least one batch dimension "
+                                 f"(shared_weights=False), got shape {weight.shape}")
             check_width("weight", weight, self.weight_numel, f"[..., {self.weight_numel}]")
             check_like("weight", weight, "x", x)
         for name, index in (("indices_1", indices_1), ("indices_2", indices_2), ("indices_out", indices_out)):
@@ -784,6 +825,15 @@ class TensorProduct(torch.nn.Module):
             x, y, W, None, self.coefficients_channels.to(x.dtype), indices, no_segments, no_segments, key, [3],
             [x.shape[0], y.shape[0], 0 if W is None else W.shape[0], rows], edges, implementation,
             "segment" if reduction is None else reduction)[0]
+
+
+# typed for TorchScript, which cannot infer the type of an empty list (and reads no string annotation)
+TensorProduct.__annotations__["_factored_specs"] = List[List[int]]
+
+
+def _index_tensor(index):
+    """An index as a tensor (an :class:`~sparse_accumulation.Index` gives its checked one)."""
+    return getattr(index, "tensor", index)
 
 
 def _broadcast_rows(t: torch.Tensor, lead: List[int]) -> torch.Tensor:

@@ -170,11 +170,78 @@ def test_torchscript(mode, generator):
 
 
 def test_large_expanded_modes_are_refused_with_a_clear_error():
-    from sparse_accumulation.e3nn import FullyConnectedTensorProduct
     from sparse_accumulation.e3nn.layout import MAX_EXPANDED_TERMS
 
-    # 160 * 160 * 160 paths of 0e x 0e -> 0e: one term each
-    assert 160 ** 3 > MAX_EXPANDED_TERMS
+    # "u<vw" is expanded path by path: 200 * 199 / 2 * 200 paths of 0e x 0e -> 0e, one term each
+    assert 200 * 199 // 2 * 200 > MAX_EXPANDED_TERMS
     with pytest.raises(NotImplementedError, match="expand to more than"):
-        FullyConnectedTensorProduct("160x0e", "160x0e", "160x0e")
-    FullyConnectedTensorProduct("32x0e", "32x0e", "32x0e")  # 32768 terms: made
+        ours.TensorProduct("200x0e", "200x0e", "200x0e", [(0, 0, 0, "u<vw", True)])
+    ours.TensorProduct("30x0e", "30x0e", "30x0e", [(0, 0, 0, "u<vw", True)])  # 13050 terms: made
+
+
+FACTORED = [
+    # every instruction factored ("uvw" of 16 * 16 * 16 paths), shared weights
+    ("FullyConnectedTensorProduct", ("16x0e + 16x1o + 16x2e",) * 3, {}),
+    # per-row weights, factored instructions beside expanded ones (4 * 4 * 4 paths)
+    ("FullyConnectedTensorProduct", ("12x0e + 4x1o", "10x0e + 4x1e", "8x0e + 4x1o"), {"shared_weights": False}),
+]
+
+
+@pytest.mark.parametrize("name, args, kwargs", FACTORED)
+def test_large_uvw_instructions_are_factored_and_equal_to_e3nn_to_second_order(name, args, kwargs, generator):
+    from sparse_accumulation.e3nn.factored import FACTORED_MIN_PATHS
+
+    theirs = getattr(o3, name)(*args, **kwargs)
+    tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
+    factored = [spec[1] * spec[4] * spec[7] for spec in tp._factored_specs]
+    assert factored and min(factored) >= FACTORED_MIN_PATHS
+    tp.load_state_dict(theirs.state_dict(), strict=True)
+    rows = 5
+    x = torch.randn(rows, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(rows, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    if kwargs.get("shared_weights") is False:
+        weight = torch.randn(rows, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True)
+        inputs, call = [x, y, weight], (x, y, weight)
+    else:
+        weight = tp.weight
+        inputs, call = [x, y, tp.weight], (x, y)
+    got = derivatives(tp(*call), inputs)
+    expected = derivatives(theirs(*call[:2], *([] if weight is tp.weight else [weight])),
+                           inputs[:2] + ([theirs.weight] if weight is tp.weight else [weight]))
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    # broadcasting leading dimensions, as e3nn's
+    x3 = torch.randn(2, 1, tp.irreps_in1.dim, dtype=torch.float64, generator=generator)
+    y3 = torch.randn(1, 3, tp.irreps_in2.dim, dtype=torch.float64, generator=generator)
+    w3 = None if weight is tp.weight else torch.randn(2, 3, tp.weight_numel, dtype=torch.float64,
+                                                      generator=generator)
+    torch.testing.assert_close(tp(x3, y3, w3), theirs(x3, y3, w3), rtol=1e-10, atol=1e-10)
+
+
+def test_factored_instructions_in_message_passing_and_torchscript(generator):
+    irreps = ("12x0e + 4x1o", "10x0e + 4x1e", "8x0e + 4x1o")
+    tp = ours.FullyConnectedTensorProduct(*irreps, shared_weights=False, dtype=torch.float64)
+    assert tp._factored_specs
+    nodes, edges = 4, 11
+    x = torch.randn(nodes, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(edges, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(edges, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True)
+    source, target = (torch.randint(0, nodes, (edges,), generator=generator) for _ in range(2))
+    out = tp(x, y, weight, indices_1=source, indices_out=target, size_out=nodes)
+    expected = torch.zeros(nodes, tp.irreps_out.dim, dtype=torch.float64).index_add(0, target, tp(x[source], y, weight))
+    torch.testing.assert_close(derivatives(out, [x, y, weight]), derivatives(expected, [x, y, weight]), rtol=1e-10,
+                               atol=1e-10)
+    scripted = torch.jit.script(tp)
+    torch.testing.assert_close(scripted(x, y, weight, indices_1=source, indices_out=target, size_out=nodes), out)
+    torch.testing.assert_close(scripted(x[source], y, weight), tp(x[source], y, weight))
+    with pytest.raises(torch.jit.Error, match="at least one batch dimension"):  # per-row weights need rows
+        scripted(x[source], y, weight[0])
+
+
+def test_a_fully_connected_product_of_64_channels_is_made_and_equals_e3nn(generator):
+    irreps = "64x0e + 64x1o + 64x2e"
+    theirs = o3.FullyConnectedTensorProduct(irreps, irreps, irreps)
+    tp = ours.FullyConnectedTensorProduct(irreps, irreps, irreps, dtype=torch.float64)
+    assert tp.rule_for("cpu") is None  # every instruction factored: no rule of 22 million terms
+    tp.load_state_dict(theirs.state_dict(), strict=True)
+    x, y = (torch.randn(3, tp.irreps_in1.dim, dtype=torch.float64, generator=generator) for _ in range(2))
+    torch.testing.assert_close(tp(x, y), theirs(x, y), rtol=1e-10, atol=1e-10)

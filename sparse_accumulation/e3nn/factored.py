@@ -1,0 +1,110 @@
+"""e3nn's "uvw" instructions of many paths, computed factored instead of path by path.
+
+A "uvw" instruction ``in1[u, i] x in2[v, j] -> out[w, k]`` has ``mul1 mul2 mul_out`` paths; as terms of one
+rule (:mod:`.layout`) it is ``mul1 mul2 mul_out`` times the 3j symbol's nonzeros long (22 million terms for the
+fully connected product of ``64x0e + 64x1o + 64x2e``). Factored, it is
+
+    out[z, w, k] = sum_uv W[u, v, w] sum_ij C[i, j, k] in1[z, u, i] in2[z, v, j]
+
+computed in three contractions, the weights (``mul1 mul2 mul_out`` of them, the bulk of the arithmetic) in a
+matrix product against the smallest of the three irreps' dimensions: with shared weights, against the pairs
+``in1[u] in2[v]`` coupled to each output component (``[z, k, u, v]``, when ``2 l_out + 1`` is the smallest),
+else against ``in1`` per component ``i`` (``[z, i, v, w]``) or ``in2`` per component ``j``, the rest coupled by
+the 3j symbol; with per-row weights, against the coupled pairs, row by row. The intermediates (up to ``mul1
+mul2`` or ``mul2 mul_out`` numbers per component and row) are kept for the backward as torch keeps them. Written with torch
+operations only (so every derivative and TorchScript come with them), on every device.
+
+:func:`factored_instructions` says which instructions run so (``"uvw"`` with at least
+:data:`FACTORED_MIN_PATHS` paths); :func:`specs` describes them as lists of ints, which
+:func:`factored_product` reads (also under TorchScript).
+"""
+from __future__ import annotations
+
+import math
+from typing import List
+
+import numpy as np
+import torch
+
+import cg
+
+#: "uvw" instructions of at least this many paths (``mul1 mul2 mul_out``) are computed factored
+FACTORED_MIN_PATHS = 512
+
+
+def factored_instructions(instructions, irreps_in1, irreps_in2, irreps_out) -> frozenset:
+    """The indices of the instructions computed factored: "uvw" with :data:`FACTORED_MIN_PATHS` paths or more."""
+    return frozenset(i for i, ins in enumerate(instructions) if ins.connection_mode == "uvw"
+                     and irreps_in1[ins.i_in1].mul * irreps_in2[ins.i_in2].mul * irreps_out[ins.i_out].mul
+                     >= FACTORED_MIN_PATHS)
+
+
+def _starts(irreps) -> list:
+    starts, at = [], 0
+    for mul, ir in irreps:
+        starts.append(at)
+        at += mul * ir.dim
+    return starts
+
+
+def specs(instructions, factored, irreps_in1, irreps_in2, irreps_out) -> tuple:
+    """``(specs, coefficients)``: per factored instruction the ints ``[in1 start, mul1, 2 l1 + 1, in2 start, mul2,
+    2 l2 + 1, out start, mul_out, 2 l_out + 1, weight start, coefficient start]`` (columns of e3nn's layouts), and
+    the dense 3j symbols ``[2 l1 + 1, 2 l2 + 1, 2 l_out + 1]`` of them all, each times the instruction's
+    ``path_weight``, flattened one after another (float64)."""
+    in1_at, in2_at, out_at = _starts(irreps_in1), _starts(irreps_in2), _starts(irreps_out)
+    rows, blocks, weight_at, coefficient_at = [], [], 0, 0
+    for index, ins in enumerate(instructions):
+        if index in factored:
+            (mul1, ir1), (mul2, ir2), (mul_out, ir_out) = (irreps_in1[ins.i_in1], irreps_in2[ins.i_in2],
+                                                           irreps_out[ins.i_out])
+            a, b, c, C = cg.transformation_rule(ir1.l, ir2.l, ir_out.l, basis="e3nn")
+            dense = np.zeros((ir1.dim, ir2.dim, ir_out.dim))
+            np.add.at(dense, (a, b, c), C * (ins.path_weight / math.sqrt(ir_out.dim)))
+            rows.append([in1_at[ins.i_in1], mul1, ir1.dim, in2_at[ins.i_in2], mul2, ir2.dim, out_at[ins.i_out],
+                         mul_out, ir_out.dim, weight_at, coefficient_at])
+            blocks.append(dense.ravel())
+            coefficient_at += dense.size
+        if ins.has_weight:
+            weight_at += math.prod(ins.path_shape)
+    return rows, (np.concatenate(blocks) if blocks else np.zeros(0))
+
+
+def factored_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],
+                     coefficients: torch.Tensor, dim_out: int) -> torch.Tensor:
+    """The factored instructions' part of the product, ``[rows, dim_out]``.
+
+    Args:
+        x, y: ``[rows or 1, irreps_in1.dim]``, ``[rows or 1, irreps_in2.dim]`` (e3nn's layout), one dtype.
+        weight: ``[weight_numel]`` (``shared``) or ``[rows or 1, weight_numel]``.
+        specs, coefficients: as :func:`specs` makes them (the coefficients in the inputs' dtype and device).
+        dim_out: ``irreps_out.dim``.
+    """
+    rows = max(x.shape[0], y.shape[0])
+    if not shared:
+        rows = max(rows, weight.shape[0])
+    out = x.new_zeros(rows, dim_out)
+    for spec in specs:
+        s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc = spec
+        x1 = x[:, s1:s1 + mul1 * d1].reshape(-1, mul1, d1).expand(rows, mul1, d1)
+        x2 = y[:, s2:s2 + mul2 * d2].reshape(-1, mul2, d2).expand(rows, mul2, d2)
+        C = coefficients[sc:sc + d1 * d2 * d_out].view(d1, d2, d_out)
+        size = mul1 * mul2 * mul_out
+        if not shared:
+            W = weight[:, sw:sw + size].reshape(-1, mul1, mul2, mul_out).expand(rows, mul1, mul2, mul_out)
+            pairs = torch.einsum("zui,zkiv->zkuv", x1, torch.einsum("zvj,ijk->zkiv", x2, C))
+            part = torch.einsum("zkuv,zuvw->zwk", pairs, W)
+        elif d_out <= d1 and d_out <= d2:  # the weights meet the pairs of channels, per output component
+            pairs = torch.einsum("zui,zkiv->zkuv", x1, torch.einsum("zvj,ijk->zkiv", x2, C))
+            W = weight[sw:sw + size].view(mul1 * mul2, mul_out)
+            part = torch.mm(pairs.reshape(rows * d_out, mul1 * mul2), W).view(rows, d_out, mul_out).transpose(1, 2)
+        elif d1 <= d2:  # the weights meet the first input, per its component
+            W = weight[sw:sw + size].view(mul1, mul2 * mul_out)
+            first = torch.mm(x1.transpose(1, 2).reshape(rows * d1, mul1), W).view(rows, d1, mul2, mul_out)
+            part = torch.einsum("zivw,zivk->zwk", first, torch.einsum("zvj,ijk->zivk", x2, C))
+        else:  # the weights meet the second input, per its component
+            W = weight[sw:sw + size].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2, mul1 * mul_out)
+            second = torch.mm(x2.transpose(1, 2).reshape(rows * d2, mul2), W).view(rows, d2, mul1, mul_out)
+            part = torch.einsum("zjuw,zjuk->zwk", second, torch.einsum("zui,ijk->zjuk", x1, C))
+        out[:, so:so + mul_out * d_out] += part.reshape(rows, mul_out * d_out)
+    return out
