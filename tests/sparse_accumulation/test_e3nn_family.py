@@ -76,11 +76,9 @@ def test_modes_to_second_order(mode, weighted, shared, generator):
     torch.testing.assert_close(torch.einsum("zik,zi->zk", right, x), got[0], rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_message_passing_every_mode(mode, generator):
-    *irreps, instructions = mode_case(mode, True)
-    tp = ours.TensorProduct(*irreps, instructions, shared_weights=False, dtype=torch.float64)
-    nodes, edges = 5, 12
+def check_message_passing(tp, generator, nodes, edges):
+    """Message passing with per-edge weights against the product of gathered rows summed by destination, to
+    second order; returns ``(out, x, y, weight, source, target)``."""
     x = torch.randn(nodes, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
     y = torch.randn(edges, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
     weight = torch.randn(edges, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -90,6 +88,14 @@ def test_message_passing_every_mode(mode, generator):
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(derivatives(out, [x, y, weight]), derivatives(expected, [x, y, weight]), rtol=1e-10,
                                atol=1e-10)
+    return out, x, y, weight, source, target
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_message_passing_every_mode(mode, generator):
+    *irreps, instructions = mode_case(mode, True)
+    tp = ours.TensorProduct(*irreps, instructions, shared_weights=False, dtype=torch.float64)
+    check_message_passing(tp, generator, nodes=5, edges=12)
 
 
 SUBCLASSES = [
@@ -221,15 +227,8 @@ def test_factored_instructions_in_message_passing_and_torchscript(generator):
     irreps = ("12x0e + 4x1o", "10x0e + 4x1e", "8x0e + 4x1o")
     tp = ours.FullyConnectedTensorProduct(*irreps, shared_weights=False, dtype=torch.float64)
     assert tp._factored_specs
-    nodes, edges = 4, 11
-    x = torch.randn(nodes, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
-    y = torch.randn(edges, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
-    weight = torch.randn(edges, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True)
-    source, target = (torch.randint(0, nodes, (edges,), generator=generator) for _ in range(2))
-    out = tp(x, y, weight, indices_1=source, indices_out=target, size_out=nodes)
-    expected = torch.zeros(nodes, tp.irreps_out.dim, dtype=torch.float64).index_add(0, target, tp(x[source], y, weight))
-    torch.testing.assert_close(derivatives(out, [x, y, weight]), derivatives(expected, [x, y, weight]), rtol=1e-10,
-                               atol=1e-10)
+    nodes = 4
+    out, x, y, weight, source, target = check_message_passing(tp, generator, nodes, edges=11)
     scripted = torch.jit.script(tp)
     torch.testing.assert_close(scripted(x, y, weight, indices_1=source, indices_out=target, size_out=nodes), out)
     torch.testing.assert_close(scripted(x[source], y, weight), tp(x[source], y, weight))
