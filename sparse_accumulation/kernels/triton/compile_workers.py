@@ -65,6 +65,7 @@ class _Worker:
             self.process.stdin.close()
         except OSError:
             pass
+        self.process.poll()  # reaps a worker that has exited already
 
 
 class _Pool:

@@ -117,8 +117,13 @@ def prefetch_gradients(tensors, C, indices, offsets, orders, args, kernels, run)
     if prefetching is None:
         return
     wanted = [t is not None and t.requires_grad for t in tensors]
-    if not (C.requires_grad or any(wanted)) or _kind(C, indices, offsets, orders, args, wanted,
-                                                     C.requires_grad) in _prefetched or not prefetching():
+    if not (C.requires_grad or any(wanted)):
+        return
+    kind = _kind(C, indices, offsets, orders, args, wanted, C.requires_grad)
+    if kind in _prefetched:
+        return
+    if not prefetching():
+        _prefetched.add(kind)  # asked once per kind and process
         return
     with kernels.compile_only():
         _prefetch(list(tensors), C, indices, offsets, orders, args, wanted, C.requires_grad,
