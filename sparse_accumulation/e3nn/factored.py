@@ -11,8 +11,8 @@ matrix product against the smallest of the three irreps' dimensions: with shared
 ``in1[u] in2[v]`` coupled to each output component (``[z, k, u, v]``, when ``2 l_out + 1`` is the smallest),
 else against ``in1`` per component ``i`` (``[z, i, v, w]``) or ``in2`` per component ``j``, the rest coupled by
 the 3j symbol; with per-row weights, against the coupled pairs, row by row. The intermediates (up to ``mul1
-mul2`` or ``mul2 mul_out`` numbers per component and row) are kept for the backward as torch keeps them. Written with torch
-operations only (so every derivative and TorchScript come with them), on every device.
+mul2`` or ``mul2 mul_out`` numbers per component and row) are kept for the backward as torch keeps them.
+Written with torch operations only (so every derivative and TorchScript come with them), on every device.
 
 :func:`factored_instructions` says which instructions run so (``"uvw"`` with at least
 :data:`FACTORED_MIN_PATHS` paths); :func:`specs` describes them as lists of ints, which

@@ -143,8 +143,8 @@ def describe(compile_call):
         found = inspect.getclosurevars(compile_call).nonlocals
         source, target, options, env_vars = (found[k] for k in ("src", "target", "options", "env_vars"))
         function = source.fn.fn
-        return {"source": source, "path": os.path.abspath(inspect.getsourcefile(function)), "module": function.__module__,
-                "name": function.__name__, "do_not_specialize": list(source.fn.do_not_specialize),
+        return {"source": source, "path": os.path.abspath(inspect.getsourcefile(function)),
+                "module": function.__module__, "name": function.__name__, "do_not_specialize": list(source.fn.do_not_specialize),
                 "signature": dict(source.signature), "constants": dict(source.constants),
                 "attrs": dict(source.attrs), "target": target, "options": dict(vars(options)),
                 "env_vars": dict(env_vars)}
