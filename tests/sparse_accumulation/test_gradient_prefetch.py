@@ -1,7 +1,8 @@
 """The first forward of a message-passing call starts compiling its gradients' kernels: every kernel the
 backward and the force-training double backward then launch was handed to the compile workers before the
-forward's own launch, with the same arguments. Run on the Triton interpreter (without a GPU), with
-the workers' prefetch recorded instead of compiling."""
+forward's own launch, with the same arguments; the first call of the rule op (``accumulate``) does so for its
+backward. Run on the Triton interpreter (without a GPU), with the workers' prefetch recorded instead of
+compiling."""
 import interpreted
 
 interpreted.enable()
@@ -16,6 +17,8 @@ from e3nn import o3  # noqa: E402
 
 from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
 from sparse_accumulation.kernels.triton import build, launch  # noqa: E402
+import sparse_accumulation as sa  # noqa: E402
+from sparse_accumulation.ops.accumulate import eager as accumulate_eager  # noqa: E402
 from sparse_accumulation.ops.graph import derivatives  # noqa: E402
 
 interpreted.restore()
@@ -35,6 +38,7 @@ def events(monkeypatch):
     """``("prefetch" | "launch", kernel, argument signature)`` in the order they happen."""
     recorded = []
     monkeypatch.setattr(derivatives, "_prefetched", set())
+    monkeypatch.setattr(accumulate_eager, "_prefetched", set())
     monkeypatch.setattr(build, "prefetching", lambda: True)
     monkeypatch.setattr(build, "prefetch", lambda kernel, args, grid: recorded.append(
         ("prefetch", kernel, _signature(args))))
@@ -114,3 +118,18 @@ def test_nothing_is_prefetched_without_gradients_or_without_workers(generator, e
     layer(x, Y, W, indices_1=src, indices_out=dst, size_out=4)
     assert [e[0] for e in events if e[0] == "prefetch"] == []
 
+
+
+@pytest.mark.parametrize("l", [2, 6])  # one gradient kernel for both inputs (narrow rules), one per input (wide)
+def test_the_first_call_of_the_rule_op_prefetches_its_backward(generator, events, l):
+    m1, m2, mu, C = sa.get_cg_transformation_rule(l, l, l, device=DEVICE)
+    X1, X2 = (torch.randn(3, 5, 2 * l + 1, generator=generator).to(DEVICE).requires_grad_() for _ in range(2))
+    out = sa.accumulate(X1, X2, mu, 2 * l + 1, m1, m2, C, implementation="triton")
+    forward = list(events)
+    assert [e[0] for e in forward][-1:] == ["launch"]
+    prefetched = [e for e in forward if e[0] == "prefetch"]
+    out.square().sum().backward()
+    backward = [e for e in events[len(forward):] if e[0] == "launch"]
+    assert backward and _unprefetched(backward, prefetched) == []
+    assert torch.allclose(X1.grad, torch.autograd.grad(
+        sa.accumulate(X1, X2, mu, 2 * l + 1, m1, m2, C, implementation="torch").square().sum(), X1)[0], atol=1e-4)

@@ -41,7 +41,7 @@ except Exception as error:  # pragma: no cover - depends on the environment
     _TRITON_IMPORT_ERROR = error
 
 __all__ = ["accumulate", "accumulate_backward", "accumulate_input_gradients", "accumulate_dC", "is_available",
-           "STRATEGY", "STRATEGIES"]
+           "compile_only", "prefetching", "STRATEGY", "STRATEGIES"]
 
 STRATEGIES = ("auto", "tile", "pieces", "columns")
 #: default load/store strategy, one of :data:`STRATEGIES` or ``"loads+stores"``
@@ -53,6 +53,17 @@ _INT32_LIMIT = 2**31 - 1
 _MAX_BLOCK_R = 1024
 _SLOTS = ("X1", "X2", "W")
 _CHECKED_STRATEGIES = frozenset(STRATEGIES)
+
+
+def compile_only():
+    """A context in which the functions of this module only start compiling their kernels, in worker
+    processes, and return outputs that hold nothing (see :func:`.launch.compile_only`)."""
+    return launch.compile_only()
+
+
+def prefetching() -> bool:
+    """Whether :func:`compile_only` starts any compile (compile workers on; see :func:`.build.prefetching`)."""
+    return build.prefetching()
 
 
 def is_available() -> bool:

@@ -27,9 +27,37 @@ def accumulate(X1, X2, W, C, rule, kernels):
     directly."""
     if torch.is_grad_enabled() and (X1.requires_grad or X2.requires_grad or C.requires_grad
                                     or (W is not None and W.requires_grad)):
+        _prefetch_backward(X1, X2, W, C, rule, kernels)
         return _Accumulate.apply(X1, X2, W, C, rule, kernels)
     operands, rows = layout.plan((X1, X2) if W is None else (X1, X2, W), _NAMES)
     return kernels.accumulate(operands[0], operands[1], operands[2] if W is not None else None, C, rule, rows)
+
+
+#: the kinds of call whose backward kernels :func:`_prefetch_backward` started compiling
+_prefetched = set()
+
+
+def _prefetch_backward(X1, X2, W, C, rule, kernels) -> None:
+    """On the first call of its kind, start compiling the kernels of the call's backward (where the kernels
+    can: ``kernels.prefetching()``), so that they compile in worker processes while the forward goes on. The
+    backward is taken inside the kernels' ``compile_only`` context, which launches nothing, with an
+    uninitialised stand-in for the output gradient. A kind: the rule, which tensors want gradients, the
+    operands' dtype, device and dimensions (kernels that another shape needs compile when it comes)."""
+    prefetching = getattr(kernels, "prefetching", None)
+    if prefetching is None:
+        return
+    wanted = (X1.requires_grad, X2.requires_grad, W is not None and W.requires_grad, C.requires_grad)
+    kind = (rule.key, wanted, X1.dtype, X1.device, tuple(t.dim() for t in (X1, X2, W) if t is not None))
+    if kind in _prefetched:
+        return
+    _prefetched.add(kind)
+    if not prefetching():
+        return
+    operands, rows = layout.plan((X1, X2) if W is None else (X1, X2, W), _NAMES)
+    G = X1.new_empty((*rows.lead, rule.output_size))
+    with kernels.compile_only():
+        kernels.accumulate_backward(G, operands[0], operands[1], operands[2] if W is not None else None, C, rule,
+                                    rows, *wanted)
 
 
 def _summed_to(grad, shape):
