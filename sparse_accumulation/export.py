@@ -175,27 +175,31 @@ def export_for_aoti(model: torch.nn.Module, args: Sequence[Any], *, dynamic_shap
     Args:
         model: a module built from the library's layers.
         args: example inputs of ``model.forward`` (a tuple or list).
-        dynamic_shapes: as for ``torch.export.export``; not with ``trace_autograd``.
+        dynamic_shapes: as for ``torch.export.export`` (a tuple of ``{dim: torch.export.Dim}`` per argument).
         trace_autograd: for a forward that calls ``torch.autograd.grad`` (forces as minus the gradient of the
             energy), which ``torch.export.export`` does not export (torch 2.13). The forward is traced first
-            with ``torch.fx.experimental.proxy_tensor.make_fx`` on the real ``args``, which runs autograd
-            while tracing and records the gradient's ops; that graph is then exported. Its shapes are those of
-            ``args`` (static), and the parameters and buffers are constants of the program.
+            with ``torch.fx.experimental.proxy_tensor.make_fx``, which runs autograd while tracing and records
+            the gradient's ops, then that graph is exported; the parameters and buffers are constants of the
+            program. Without ``dynamic_shapes`` the trace runs on the real ``args`` (static shapes); with them,
+            on symbolic sizes, and a trace that decided anything about a dimension declared dynamic (a branch
+            on it) is refused, since the program would follow that decision at every size.
 
     Returns:
         An ``ExportedProgram`` of aten ops only (``run_decompositions`` applied), for
         ``torch._inductor.aoti_compile_and_package``.
 
     Raises:
-        ValueError: ``dynamic_shapes`` with ``trace_autograd``.
+        ValueError: with ``trace_autograd`` and ``dynamic_shapes``, a trace that depends on a dynamic
+            dimension (the message names the condition and the argument).
         NotImplementedError: the model calls an op of this library that has no decomposition (the tensor
             API's indexed op); the message names it.
     """
     args = tuple(args)
-    if trace_autograd and dynamic_shapes is not None:
-        raise ValueError("trace_autograd traces static shapes: dynamic_shapes must be None")
     with _Decomposing(decompositions()):
-        if trace_autograd:
+        if trace_autograd and dynamic_shapes is not None:
+            model = make_fx(model, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*args)
+            _check_dynamic_dimensions(model, dynamic_shapes)
+        elif trace_autograd:
             model = make_fx(model, tracing_mode="real")(*args)
         program = torch.export.export(model, args, dynamic_shapes=dynamic_shapes)
     program = program.run_decompositions()
@@ -204,3 +208,30 @@ def export_for_aoti(model: torch.nn.Module, args: Sequence[Any], *, dynamic_shap
     if remaining:
         raise NotImplementedError(f"no decomposition for AOTInductor of {', '.join(remaining)}")
     return program
+
+
+def _check_dynamic_dimensions(graph: torch.fx.GraphModule, dynamic_shapes) -> None:
+    """Raise if the symbolic trace ``graph`` holds a condition (a guard of its shape environment) on a size
+    that ``dynamic_shapes`` declares dynamic."""
+    placeholders = [node for node in graph.graph.nodes if node.op == "placeholder"]
+    dynamic = {}
+    for position, (node, spec) in enumerate(zip(placeholders, dynamic_shapes)):
+        value = node.meta.get("val")
+        for dim in (spec or {}):
+            size = value.shape[dim] if isinstance(value, Tensor) else None
+            where = f"argument {position}, dimension {dim}"
+            symbols = size.node.expr.free_symbols if isinstance(size, torch.SymInt) else ()
+            if not symbols:
+                raise ValueError(f"the trace made the dynamic size of {where} the constant {size}: the exported "
+                                 "program would hold it at every size")
+            for symbol in symbols:
+                dynamic[symbol] = where
+    environments = {v.fake_mode.shape_env for node in graph.graph.nodes
+                    for v in [node.meta.get("val")] if isinstance(v, Tensor) and hasattr(v, "fake_mode")}
+    for environment in environments:
+        for guard in environment.guards:
+            touched = [dynamic[s] for s in guard.expr.free_symbols if s in dynamic]
+            if touched:
+                raise ValueError(f"the trace depends on the dynamic size of {', '.join(sorted(touched))} "
+                                 f"(it assumed {guard.expr}): the exported program would assume it at every size; "
+                                 "mark that dimension static, or remove the branch on it")

@@ -122,10 +122,68 @@ def test_export_for_aoti_with_forces(generator, schedule, monkeypatch):
         assert _relative(got, expected) <= 1e-12
 
 
+class GraphInteraction(torch.nn.Module):
+    """Energy and forces of a message-passing tensor product over edges given as inputs (as molecular
+    dynamics gives its neighbour lists), node features from the node count: every size is an input's."""
+
+    def __init__(self, branch_on_nodes: bool = False, edges_as_int: bool = False):
+        super().__init__()
+        irreps = o3.Irreps("4x0e + 4x1o")
+        instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True),
+                        (1, 1, 0, "uvu", True)]
+        self.tp = TensorProduct(irreps, "0e + 1o", irreps, instructions, shared_weights=False,
+                                internal_weights=False, dtype=torch.float64)
+        self.sh = o3.SphericalHarmonics("0e + 1o", normalize=True, normalization="component")
+        self.radial = torch.nn.Linear(3, self.tp.weight_numel, dtype=torch.float64)
+        self.embedding = torch.nn.Linear(1, irreps.dim, dtype=torch.float64)
+        self.branch_on_nodes, self.edges_as_int = branch_on_nodes, edges_as_int
+
+    def forward(self, positions, src, dst):
+        positions = positions.detach().requires_grad_(True)
+        vectors = positions[dst] - positions[src]
+        lengths = vectors.pow(2).sum(-1, keepdim=True).sqrt()
+        weights = self.radial(torch.cat([lengths, lengths.cos(), lengths.sin()], dim=-1))
+        features = self.embedding(positions.new_ones(positions.shape[0], 1))
+        nodes = self.tp(features, self.sh(vectors), weights, indices_1=src, indices_out=dst,
+                        size_out=positions.shape[0])
+        energy = nodes[:, :4].tanh().sum()
+        if self.branch_on_nodes and positions.shape[0] > 6:  # a decision on a size: refused when it is dynamic
+            energy = 2 * energy
+        if self.edges_as_int:  # a size made a Python int: refused when it is dynamic
+            energy = energy * (int(src.shape[0]) ** 0)
+        return energy, -torch.autograd.grad([energy], [positions])[0]
+
+
+def _molecule(generator, atoms):
+    pairs = [(i, j) for i in range(atoms) for j in range(atoms) if i != j]
+    return (torch.randn(atoms, 3, generator=generator, dtype=torch.float64),
+            torch.tensor([i for i, _ in pairs]), torch.tensor([j for _, j in pairs]))
+
+
+@pytest.mark.parametrize("schedule", ["per edge", "fused"])
+def test_export_for_aoti_with_forces_and_dynamic_atoms_and_edges(generator, schedule, monkeypatch):
+    from sparse_accumulation.e3nn import tensor_product
+
+    monkeypatch.setattr(tensor_product, "FUSED_MIN_CHANNELS", 1 << 30 if schedule == "per edge" else 0)
+    model = GraphInteraction()
+    atoms, edges = torch.export.Dim("atoms", min=2), torch.export.Dim("edges", min=2)
+    program = export_for_aoti(model, _molecule(generator, 5), trace_autograd=True,
+                              dynamic_shapes=({0: atoms}, {0: edges}, {0: edges}))
+    assert _no_library_ops(program)
+    for count in (3, 9):  # other atom and edge counts than the trace's
+        inputs = _molecule(generator, count)
+        for got, expected in zip(program.module()(*inputs), model(*inputs)):
+            assert got.shape == expected.shape and _relative(got, expected) <= 1e-12
+
+
 def test_export_for_aoti_rejects_what_it_cannot_do(generator):
-    with pytest.raises(ValueError, match="static shapes"):
-        export_for_aoti(PathAndProduct(), path_and_product_inputs(generator, 4), dynamic_shapes=({}, {}, {}),
-                        trace_autograd=True)
+    atoms, edges = torch.export.Dim("atoms", min=2), torch.export.Dim("edges", min=2)
+    with pytest.raises(ValueError, match="depends on the dynamic size of argument 0, dimension 0"):
+        export_for_aoti(GraphInteraction(branch_on_nodes=True), _molecule(generator, 5), trace_autograd=True,
+                        dynamic_shapes=({0: atoms}, {0: edges}, {0: edges}))
+    with pytest.raises(ValueError, match="made the dynamic size of argument 1, dimension 0 the constant 20"):
+        export_for_aoti(GraphInteraction(edges_as_int=True), _molecule(generator, 5), trace_autograd=True,
+                        dynamic_shapes=({0: atoms}, {0: edges}, {0: edges}))
 
     class Indexed(torch.nn.Module):  # the tensor API: index tensors as data, no decomposition
         def forward(self, X1, X2):

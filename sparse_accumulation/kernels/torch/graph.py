@@ -33,6 +33,8 @@ def _edge_values(crule, slot, tensor, index, chunk, dtype):
 
 
 def _chunks(edges: int, nnz: int, channels: int):
+    if not isinstance(edges, int):  # a symbolic size (a trace for dynamic shapes): one chunk of every edge
+        return [slice(0, edges)]
     step = max(1, CHUNK_ELEMENTS // max(nnz * channels, 1))
     return [slice(start, min(start + step, edges)) for start in range(0, edges, step)]
 

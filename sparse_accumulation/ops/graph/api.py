@@ -54,7 +54,8 @@ def _index(name: str, value, size: int, device, edges: Optional[int]):
     if isinstance(value, Index):
         value.check_unchanged(name)
         return value
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not isinstance(size, int) or torch._C._len_torch_dispatch_stack():
+        # traced (torch.compile, make_fx, a dispatch mode): the values may be symbolic, none is read
         return tensor.to(torch.int64)
     return prepared_index(name, tensor, size)
 
