@@ -30,31 +30,42 @@ def _relative(a, b):
     return float((a.detach() - b.detach()).abs().max() / b.detach().abs().max())
 
 
-class Interaction(torch.nn.Module):
+class _Layers(torch.nn.Module):
+    """A message-passing tensor product of ``4x0e + 4x1o`` with the edges' harmonics, the radial network
+    of its per-edge weights (from the edge length) and the harmonics."""
+
+    irreps = o3.Irreps("4x0e + 4x1o")
+
+    def __init__(self):
+        super().__init__()
+        instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True),
+                        (1, 1, 0, "uvu", True)]
+        self.tp = TensorProduct(self.irreps, "0e + 1o", self.irreps, instructions, shared_weights=False,
+                                internal_weights=False, dtype=torch.float64)
+        self.sh = o3.SphericalHarmonics("0e + 1o", normalize=True, normalization="component")
+        self.radial = torch.nn.Linear(3, self.tp.weight_numel, dtype=torch.float64)
+
+    def nodes(self, features, positions, src, dst):
+        vectors = positions[dst] - positions[src]
+        lengths = vectors.pow(2).sum(-1, keepdim=True).sqrt()
+        weights = self.radial(torch.cat([lengths, lengths.cos(), lengths.sin()], dim=-1))
+        return self.tp(features, self.sh(vectors), weights, indices_1=src, indices_out=dst,
+                       size_out=positions.shape[0])
+
+
+class Interaction(_Layers):
     """Energy of a message-passing tensor product over fixed edges, and with ``forces`` minus its gradient."""
 
     def __init__(self, forces: bool, nodes: int = 5):
         super().__init__()
-        irreps = o3.Irreps("4x0e + 4x1o")
-        instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True),
-                        (1, 1, 0, "uvu", True)]
-        self.tp = TensorProduct(irreps, "0e + 1o", irreps, instructions, shared_weights=False,
-                                internal_weights=False, dtype=torch.float64)
-        self.sh = o3.SphericalHarmonics("0e + 1o", normalize=True, normalization="component")
-        self.radial = torch.nn.Linear(3, self.tp.weight_numel, dtype=torch.float64)
-        self.features = torch.nn.Parameter(torch.randn(nodes, irreps.dim, dtype=torch.float64))
+        self.features = torch.nn.Parameter(torch.randn(nodes, self.irreps.dim, dtype=torch.float64))
         pairs = [(i, j) for i in range(nodes) for j in range(nodes) if i != j]
         self.register_buffer("src", torch.tensor([i for i, _ in pairs]))
         self.register_buffer("dst", torch.tensor([j for _, j in pairs]))
         self.forces = forces
 
     def energy(self, positions):
-        vectors = positions[self.dst] - positions[self.src]
-        lengths = vectors.pow(2).sum(-1, keepdim=True).sqrt()
-        weights = self.radial(torch.cat([lengths, lengths.cos(), lengths.sin()], dim=-1))
-        nodes = self.tp(self.features, self.sh(vectors), weights, indices_1=self.src, indices_out=self.dst,
-                        size_out=positions.shape[0])
-        return nodes[:, :4].tanh().sum()
+        return self.nodes(self.features, positions, self.src, self.dst)[:, :4].tanh().sum()
 
     def forward(self, positions):
         if not self.forces:
@@ -122,31 +133,19 @@ def test_export_for_aoti_with_forces(generator, schedule, monkeypatch):
         assert _relative(got, expected) <= 1e-12
 
 
-class GraphInteraction(torch.nn.Module):
+class GraphInteraction(_Layers):
     """Energy and forces of a message-passing tensor product over edges given as inputs (as molecular
     dynamics gives its neighbour lists), node features from the node count: every size is an input's."""
 
     def __init__(self, branch_on_nodes: bool = False, edges_as_int: bool = False):
         super().__init__()
-        irreps = o3.Irreps("4x0e + 4x1o")
-        instructions = [(0, 0, 0, "uvu", True), (0, 1, 1, "uvu", True), (1, 0, 1, "uvu", True),
-                        (1, 1, 0, "uvu", True)]
-        self.tp = TensorProduct(irreps, "0e + 1o", irreps, instructions, shared_weights=False,
-                                internal_weights=False, dtype=torch.float64)
-        self.sh = o3.SphericalHarmonics("0e + 1o", normalize=True, normalization="component")
-        self.radial = torch.nn.Linear(3, self.tp.weight_numel, dtype=torch.float64)
-        self.embedding = torch.nn.Linear(1, irreps.dim, dtype=torch.float64)
+        self.embedding = torch.nn.Linear(1, self.irreps.dim, dtype=torch.float64)
         self.branch_on_nodes, self.edges_as_int = branch_on_nodes, edges_as_int
 
     def forward(self, positions, src, dst):
         positions = positions.detach().requires_grad_(True)
-        vectors = positions[dst] - positions[src]
-        lengths = vectors.pow(2).sum(-1, keepdim=True).sqrt()
-        weights = self.radial(torch.cat([lengths, lengths.cos(), lengths.sin()], dim=-1))
         features = self.embedding(positions.new_ones(positions.shape[0], 1))
-        nodes = self.tp(features, self.sh(vectors), weights, indices_1=src, indices_out=dst,
-                        size_out=positions.shape[0])
-        energy = nodes[:, :4].tanh().sum()
+        energy = self.nodes(features, positions, src, dst)[:, :4].tanh().sum()
         if self.branch_on_nodes and positions.shape[0] > 6:  # a decision on a size: refused when it is dynamic
             energy = 2 * energy
         if self.edges_as_int:  # a size made a Python int: refused when it is dynamic
