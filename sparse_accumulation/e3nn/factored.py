@@ -95,16 +95,19 @@ def factored_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, sha
             pairs = torch.einsum("zui,zkiv->zkuv", x1, torch.einsum("zvj,ijk->zkiv", x2, C))
             part = torch.einsum("zkuv,zuvw->zwk", pairs, W)
         elif d_out <= d1 and d_out <= d2:  # the weights meet the pairs of channels, per output component
-            pairs = torch.einsum("zui,zkiv->zkuv", x1, torch.einsum("zvj,ijk->zkiv", x2, C))
-            W = weight[sw:sw + size].view(mul1 * mul2, mul_out)
-            part = torch.mm(pairs.reshape(rows * d_out, mul1 * mul2), W).view(rows, d_out, mul_out).transpose(1, 2)
+            right = torch.einsum("zvj,ijk->zkvi", x2, C).reshape(rows, d_out * mul2, d1)
+            pairs = torch.bmm(right, x1.transpose(1, 2))  # [rows, (k, v), u]
+            W = weight[sw:sw + size].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2 * mul1, mul_out)
+            part = torch.mm(pairs.view(rows * d_out, mul2 * mul1), W).view(rows, d_out, mul_out).transpose(1, 2)
         elif d1 <= d2:  # the weights meet the first input, per its component
             W = weight[sw:sw + size].view(mul1, mul2 * mul_out)
-            first = torch.mm(x1.transpose(1, 2).reshape(rows * d1, mul1), W).view(rows, d1, mul2, mul_out)
-            part = torch.einsum("zivw,zivk->zwk", first, torch.einsum("zvj,ijk->zivk", x2, C))
+            first = torch.mm(x1.transpose(1, 2).reshape(rows * d1, mul1), W)  # [(rows, i), (v, w)]
+            coupled = torch.einsum("zvj,ijk->zivk", x2, C).reshape(rows, d1 * mul2, d_out)
+            part = torch.bmm(first.view(rows, d1 * mul2, mul_out).transpose(1, 2), coupled)
         else:  # the weights meet the second input, per its component
             W = weight[sw:sw + size].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2, mul1 * mul_out)
-            second = torch.mm(x2.transpose(1, 2).reshape(rows * d2, mul2), W).view(rows, d2, mul1, mul_out)
-            part = torch.einsum("zjuw,zjuk->zwk", second, torch.einsum("zui,ijk->zjuk", x1, C))
+            second = torch.mm(x2.transpose(1, 2).reshape(rows * d2, mul2), W)  # [(rows, j), (u, w)]
+            coupled = torch.einsum("zui,ijk->zjuk", x1, C).reshape(rows, d2 * mul1, d_out)
+            part = torch.bmm(second.view(rows, d2 * mul1, mul_out).transpose(1, 2), coupled)
         out[:, so:so + mul_out * d_out] += part.reshape(rows, mul_out * d_out)
     return out
