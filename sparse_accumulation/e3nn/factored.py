@@ -8,10 +8,11 @@ fully connected product of ``64x0e + 64x1o + 64x2e``). Factored, it is
 
 computed in three contractions, the weights (``mul1 mul2 mul_out`` of them, the bulk of the arithmetic) in a
 matrix product against the smallest of the three irreps' dimensions: with shared weights, against the pairs
-``in1[u] in2[v]`` coupled to each output component (``[z, k, u, v]``, when ``2 l_out + 1`` is the smallest),
-else against ``in1`` per component ``i`` (``[z, i, v, w]``) or ``in2`` per component ``j``, the rest coupled by
-the 3j symbol; with per-row weights, against the coupled pairs, row by row. The intermediates (up to ``mul1
-mul2`` or ``mul2 mul_out`` numbers per component and row) are kept for the backward as torch keeps them.
+``in1[u] in2[v]`` coupled to each output component (when ``2 l_out + 1`` is the smallest), else against ``in1``
+per component ``i`` or ``in2`` per component ``j``, the rest coupled by the 3j symbol in a batched matrix
+product; with per-row weights, against the coupled pairs, row by row. The intermediates (up to ``mul1 mul2``
+or ``mul2 mul_out`` numbers per component and row) are laid out as the next product reads them, and kept for
+the backward as torch keeps them.
 Written with torch operations only (so every derivative and TorchScript come with them), on every device.
 
 :func:`factored_instructions` says which instructions run so (``"uvw"`` with at least
