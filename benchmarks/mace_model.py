@@ -10,12 +10,14 @@ interactions of ``--interaction``, ``--elements`` elements, ``r_max`` ``--r-max`
 lattice of spacing 2.5 Angstrom, ``k^3`` atoms with ``k`` the cube root of ``--atoms`` rounded, positions
 jittered, elements drawn at random; its graph made by MACE's data pipeline (neighbour list, one-hot elements).
 
-Variants: ``mace`` (the model as MACE built it) and ``accelerated`` (``accelerate`` of a copy). A step is
-``model(batch, compute_force=True)`` (energies, forces from the gradient of the energy); the median of single
-steps after two warm-up steps, and ``peak MB``: the peak memory of one step above what was allocated before it
-(CUDA's allocator; on the CPU the resident memory, as in ``convolution.py``, after the memory glibc holds free is
-handed back). Before timing, the accelerated model is checked against MACE's in float64: energy, forces and
-stress.
+Variants: ``mace`` (the model as MACE built it), ``accelerated`` (``accelerate`` of a copy) and ``cueq`` (a copy
+converted by MACE's ``mace.cli.convert_e3nn_cueq``, where cuequivariance is installed). A step is
+``model(batch, compute_force=True)`` (energies, forces from the gradient of the energy), or with ``--mode
+train`` a training step (``training=True``, the squared energies and forces summed, ``backward`` to the
+parameters); the median of single steps after two warm-up steps, and ``peak MB``: the peak memory of one step
+above what was allocated before it (CUDA's allocator; on the CPU the resident memory, as in ``convolution.py``,
+after the memory glibc holds free is handed back). Before timing, the accelerated and cuEquivariance models are
+checked against MACE's in float64: energy, forces and stress (the cuEquivariance check reported, not asserted).
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E4
 from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "accelerated")
+VARIANTS = ("mace", "accelerated", "cueq")
 #: the elements of the first crystals' atoms; more come from the periodic table in order (MACE-MP-0 has 89)
 COMMON = ("H", "C", "N", "O", "Si", "Cu")
 
@@ -119,6 +121,21 @@ def release_freed_memory(device) -> None:
         ctypes.CDLL(name).malloc_trim(0)
 
 
+def to_cueq(mace, device):
+    """A copy of ``mace`` on cuEquivariance, converted by MACE's own converter (``mace.cli.convert_e3nn_cueq``:
+    its convolutions fused on CUDA), or None where cuequivariance is not installed."""
+    try:
+        import cuequivariance_torch  # noqa: F401
+        from mace.cli.convert_e3nn_cueq import run
+    except ImportError:
+        return None
+    default = torch.get_default_dtype()
+    try:
+        return run(copy.deepcopy(mace), device=device.type, return_model=True)
+    finally:
+        torch.set_default_dtype(default)  # the converter sets the model's dtype as the default
+
+
 def check(mace, accelerated, batch) -> float:
     """The largest relative error of the accelerated model's energy, forces and stress against MACE's."""
     expected = mace(dict(batch), compute_stress=True)
@@ -139,6 +156,9 @@ def main(argv=None):
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--interaction", default="RealAgnosticResidualInteractionBlock")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--mode", choices=["forces", "train"], default="forces",
+                        help="forces: energies and forces (an MD step's model call); train: a training step on "
+                             "energies and forces (the loss's gradient with respect to the parameters)")
     parser.add_argument("--repeats", type=int, default=None, help="steps timed (default: 20 on CUDA, 7 on the CPU)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop timing a variant after this long")
     parser.add_argument("--json", default=None)
@@ -154,21 +174,44 @@ def main(argv=None):
     error = check(mace, accelerated, make_batch(crystal, mace, torch.float64, device))
     assert error < 1e-10, f"the accelerated model differs from MACE's by {error:.3g} (float64)"
     models = {"mace": mace.to(dtype), "accelerated": accelerated.to(dtype)}
+    wanted = args.variants.split(",")
+    unknown = sorted(set(wanted) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    cueq_error = None
+    if "cueq" in wanted:
+        cueq = to_cueq(mace, device)
+        if cueq is None:
+            print("# cueq: cuequivariance is not installed here; that variant is skipped", flush=True)
+            wanted.remove("cueq")
+        else:
+            cueq_error = check(mace.to(torch.float64), cueq.to(torch.float64),
+                               make_batch(crystal, mace, torch.float64, device))
+            models["cueq"] = cueq.to(dtype)
+            mace.to(dtype)
     batch = make_batch(crystal, mace, dtype, device)
     meta = {"command": "python benchmarks/mace_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
             "threads": torch.get_num_threads(), "versions": versions(), "dtype": args.dtype,
             "atoms": len(crystal), "edges": int(batch["edge_index"].shape[1]), "channels": args.channels,
             "max_ell": args.max_ell, "correlation": args.correlation, "elements": args.elements,
-            "r_max": args.r_max, "interaction": args.interaction, "check_float64": error,
+            "r_max": args.r_max, "interaction": args.interaction, "mode": args.mode, "check_float64": error,
+            "cueq_check_float64": cueq_error,
             "setup_seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(meta), flush=True)
     rows = []
-    for variant in args.variants.split(","):
+    for variant in wanted:
         model = models[variant]
 
         def step():
-            return model(dict(batch), compute_force=True)["forces"]
+            if args.mode == "forces":
+                return model(dict(batch), compute_force=True)["forces"]
+            for parameter in model.parameters():
+                parameter.grad = None
+            out = model(dict(batch), training=True, compute_force=True)  # forces kept differentiable
+            loss = out["energy"].square().sum() + out["forces"].square().sum()
+            loss.backward()
+            return loss
 
         for _ in range(2):  # first calls: kernels loaded, elements sorted, MACE's einsum paths found
             step()
@@ -184,8 +227,10 @@ def main(argv=None):
               f"peak {memory:8.1f} MB", flush=True)
         synchronize(device)
     found = {r["variant"]: r for r in rows}
-    if len(found) == 2:
-        print(f"accelerated: {found['mace']['ms'] / found['accelerated']['ms']:.2f}x MACE's step time")
+    for other in ("mace", "cueq"):
+        if other in found and "accelerated" in found:
+            print(f"accelerated: {found[other]['ms'] / found['accelerated']['ms']:.2f}x faster than {other} "
+                  "(its step time over ours)")
     print(f"total {time.perf_counter() - started:.0f} s")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
