@@ -540,8 +540,9 @@ class TensorProduct(torch.nn.Module):
         else:
             weight = self._joined(weight)
             out = self._eager(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
-            indices_1, indices_2, indices_out = (_index_tensor(i) for i in (indices_1, indices_2, indices_out))
         if len(self._factored_specs) > 0:
+            if not torch.jit.is_scripting():  # checked Index objects give their tensors
+                indices_1, indices_2, indices_out = (_index_tensor(i) for i in (indices_1, indices_2, indices_out))
             out = out + self._factored(x, y, weight, indices_1, indices_2, indices_out, size_out)
         return out
 

@@ -229,6 +229,10 @@ def test_factored_instructions_in_message_passing_and_torchscript(generator):
     assert tp._factored_specs
     nodes = 4
     out, x, y, weight, source, target = check_message_passing(tp, generator, nodes, edges=11)
+    from sparse_accumulation import Index
+
+    prepared = tp(x, y, weight, indices_1=Index(source, nodes), indices_out=Index(target, nodes), size_out=nodes)
+    torch.testing.assert_close(prepared, out, rtol=1e-12, atol=1e-12)  # prepared indices reach both parts
     scripted = torch.jit.script(tp)
     torch.testing.assert_close(scripted(x, y, weight, indices_1=source, indices_out=target, size_out=nodes), out)
     torch.testing.assert_close(scripted(x[source], y, weight), tp(x[source], y, weight))
