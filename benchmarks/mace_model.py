@@ -2,7 +2,7 @@
 energies and forces (a molecular-dynamics step's model call) on a periodic crystal, with peak memory.
 
     python benchmarks/mace_model.py --atoms 343                     # CPU
-    python benchmarks/mace_model.py --device cuda --atoms 4096 --json mace_model_h100.json
+    python benchmarks/mace_model.py --device cuda --atoms 1000 10000 --mode forces train --json mace_model.json
 
 The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor, random weights:
 ``--channels`` x (0e + 1o) hidden irreps, spherical harmonics up to ``--max-ell``, ``--correlation``, two
@@ -25,6 +25,7 @@ import argparse
 import copy
 import ctypes
 import ctypes.util
+import gc
 import json
 import os
 import pathlib
@@ -144,10 +145,45 @@ def check(mace, accelerated, batch) -> float:
                for k in ("energy", "forces", "stress"))
 
 
+def _step(model, batch, mode):
+    """One step of ``model`` on ``batch``: energies and forces (``mode == "forces"``), or a training step."""
+    if mode == "forces":
+        return model(dict(batch), compute_force=True)["forces"]
+    for parameter in model.parameters():
+        parameter.grad = None
+    out = model(dict(batch), training=True, compute_force=True)  # forces kept differentiable
+    loss = out["energy"].square().sum() + out["forces"].square().sum()
+    loss.backward()
+    return loss
+
+
+def _measure(step, device, repeats: int, max_seconds: float) -> dict:
+    """Median step time and peak memory of ``step``, or ``{"error": "out of memory"}``."""
+    try:
+        for _ in range(2):  # first calls: kernels loaded, elements sorted, MACE's einsum paths found
+            step()
+        deadline = time.perf_counter() + max_seconds
+        samples = [elapsed_ms(step, device)]
+        while len(samples) < repeats and time.perf_counter() < deadline:
+            samples.append(elapsed_ms(step, device))
+        release_freed_memory(device)
+        memory = peak_mb(step, device)
+    except torch.OutOfMemoryError:
+        return {"error": "out of memory"}
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"ms": statistics.median(samples), "samples": len(samples), "peak_mb": memory}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--atoms", type=int, default=343, help="about this many atoms (a cube of the lattice)")
+    parser.add_argument("--atoms", type=int, nargs="+", default=[343],
+                        help="about this many atoms (a cube of the lattice); several sizes in turn")
+    parser.add_argument("--check-atoms", type=int, default=1000,
+                        help="the float64 checks run on a crystal of at most this many atoms (default: 1000)")
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
     parser.add_argument("--channels", type=int, default=32)
     parser.add_argument("--max-ell", type=int, default=3)
@@ -156,9 +192,10 @@ def main(argv=None):
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--interaction", default="RealAgnosticResidualInteractionBlock")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
-    parser.add_argument("--mode", choices=["forces", "train"], default="forces",
+    parser.add_argument("--mode", choices=["forces", "train"], nargs="+", default=["forces"],
                         help="forces: energies and forces (an MD step's model call); train: a training step on "
-                             "energies and forces (the loss's gradient with respect to the parameters)")
+                             "energies and forces (the loss's gradient with respect to the parameters); "
+                             "several in turn")
     parser.add_argument("--repeats", type=int, default=None, help="steps timed (default: 20 on CUDA, 7 on the CPU)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop timing a variant after this long")
     parser.add_argument("--json", default=None)
@@ -166,18 +203,19 @@ def main(argv=None):
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     repeats = args.repeats or (20 if device.type == "cuda" else 7)
-
-    started = time.perf_counter()
-    mace = make_model(args).to(device)
-    accelerated = accelerate(copy.deepcopy(mace))
-    crystal = make_crystal(args.atoms, args.elements)
-    error = check(mace, accelerated, make_batch(crystal, mace, torch.float64, device))
-    assert error < 1e-10, f"the accelerated model differs from MACE's by {error:.3g} (float64)"
-    models = {"mace": mace.to(dtype), "accelerated": accelerated.to(dtype)}
     wanted = args.variants.split(",")
     unknown = sorted(set(wanted) - set(VARIANTS))
     if unknown:
         parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+
+    started = time.perf_counter()
+    mace = make_model(args).to(device)
+    accelerated = accelerate(copy.deepcopy(mace))
+    checked = make_batch(make_crystal(min(min(args.atoms), args.check_atoms), args.elements), mace, torch.float64,
+                         device)
+    error = check(mace, accelerated, checked)
+    assert error < 1e-10, f"the accelerated model differs from MACE's by {error:.3g} (float64)"
+    models = {"mace": mace, "accelerated": accelerated}
     cueq_error = None
     if "cueq" in wanted:
         cueq = to_cueq(mace, device)
@@ -185,52 +223,40 @@ def main(argv=None):
             print("# cueq: cuequivariance is not installed here; that variant is skipped", flush=True)
             wanted.remove("cueq")
         else:
-            cueq_error = check(mace.to(torch.float64), cueq.to(torch.float64),
-                               make_batch(crystal, mace, torch.float64, device))
-            models["cueq"] = cueq.to(dtype)
-            mace.to(dtype)
-    batch = make_batch(crystal, mace, dtype, device)
+            cueq_error = check(mace, cueq.to(torch.float64), checked)
+            models["cueq"] = cueq
+    for model in models.values():
+        model.to(dtype)
+    del checked
     meta = {"command": "python benchmarks/mace_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
             "threads": torch.get_num_threads(), "versions": versions(), "dtype": args.dtype,
-            "atoms": len(crystal), "edges": int(batch["edge_index"].shape[1]), "channels": args.channels,
-            "max_ell": args.max_ell, "correlation": args.correlation, "elements": args.elements,
-            "r_max": args.r_max, "interaction": args.interaction, "mode": args.mode, "check_float64": error,
-            "cueq_check_float64": cueq_error,
-            "setup_seconds": round(time.perf_counter() - started, 1)}
+            "channels": args.channels, "max_ell": args.max_ell, "correlation": args.correlation,
+            "elements": args.elements, "r_max": args.r_max, "interaction": args.interaction,
+            "check_atoms": min(min(args.atoms), args.check_atoms), "check_float64": error,
+            "cueq_check_float64": cueq_error, "setup_seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(meta), flush=True)
     rows = []
-    for variant in wanted:
-        model = models[variant]
-
-        def step():
-            if args.mode == "forces":
-                return model(dict(batch), compute_force=True)["forces"]
-            for parameter in model.parameters():
-                parameter.grad = None
-            out = model(dict(batch), training=True, compute_force=True)  # forces kept differentiable
-            loss = out["energy"].square().sum() + out["forces"].square().sum()
-            loss.backward()
-            return loss
-
-        for _ in range(2):  # first calls: kernels loaded, elements sorted, MACE's einsum paths found
-            step()
-        deadline = time.perf_counter() + args.max_seconds
-        samples = [elapsed_ms(step, device)]
-        while len(samples) < repeats and time.perf_counter() < deadline:
-            samples.append(elapsed_ms(step, device))
-        release_freed_memory(device)
-        memory = peak_mb(step, device)
-        rows.append({"variant": variant, "ms": statistics.median(samples), "samples": len(samples),
-                     "peak_mb": memory})
-        print(f"  {len(crystal):,} atoms {variant:>11}: {rows[-1]['ms']:10.2f} ms (median of {len(samples)})  "
-              f"peak {memory:8.1f} MB", flush=True)
-        synchronize(device)
-    found = {r["variant"]: r for r in rows}
-    for other in ("mace", "cueq"):
-        if other in found and "accelerated" in found:
-            print(f"accelerated: {found[other]['ms'] / found['accelerated']['ms']:.2f}x faster than {other} "
-                  "(its step time over ours)")
+    for atoms in args.atoms:
+        crystal = make_crystal(atoms, args.elements)
+        batch = make_batch(crystal, mace, dtype, device)
+        size = {"atoms": len(crystal), "edges": int(batch["edge_index"].shape[1])}
+        print(f"# {size['atoms']:,} atoms, {size['edges']:,} edges", flush=True)
+        for mode in args.mode:
+            found = {}
+            for variant in wanted:
+                result = _measure(lambda: _step(models[variant], batch, mode), device, repeats, args.max_seconds)
+                rows.append({"variant": variant, "mode": mode, **size, **result})
+                found[variant] = result
+                shown = (f"{result['ms']:10.2f} ms (median of {result['samples']})  peak {result['peak_mb']:8.1f} MB"
+                         if "ms" in result else result["error"])
+                print(f"  {mode:>6} {variant:>11}: {shown}", flush=True)
+                synchronize(device)
+            for other in ("mace", "cueq"):
+                if "ms" in found.get(other, {}) and "ms" in found.get("accelerated", {}):
+                    print(f"  {mode:>6} accelerated: {found['accelerated']['ms'] / found[other]['ms']:.2f}x "
+                          f"{other}'s step time")
+        del batch
     print(f"total {time.perf_counter() - started:.0f} s")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
