@@ -10,8 +10,12 @@ interactions of ``--interaction``, ``--elements`` elements, ``r_max`` ``--r-max`
 lattice of spacing 2.5 Angstrom, ``k^3`` atoms with ``k`` the cube root of ``--atoms`` rounded, positions
 jittered, elements drawn at random; its graph made by MACE's data pipeline (neighbour list, one-hot elements).
 
-Variants: ``mace`` (the model as MACE built it), ``accelerated`` (``accelerate`` of a copy) and ``cueq`` (a copy
-converted by MACE's ``mace.cli.convert_e3nn_cueq``, where cuequivariance is installed). A step is
+Variants: ``mace`` (the model as MACE built it), ``accelerated`` (``accelerate`` of a copy), ``cueq`` (a copy
+converted by MACE's ``mace.cli.convert_e3nn_cueq``, where cuequivariance is installed) and ``floor`` (not run
+unless named in ``--variants``): the accelerated model with its convolutions and symmetric contractions replaced
+by stand-ins that cost almost nothing (outputs of the right shapes made from a sum over each input, so that the
+backward still reaches every input), the time of the rest of MACE's model, which no faster convolution or
+contraction can go under. A step is
 ``model(batch, compute_force=True)`` (energies, forces from the gradient of the energy), or with ``--mode
 train`` a training step (``training=True``, the squared energies and forces summed, ``backward`` to the
 parameters); the median of single steps after two warm-up steps, and ``peak MB``: the peak memory of one step
@@ -45,7 +49,8 @@ from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E4
 from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "accelerated", "cueq")
+VARIANTS = ("mace", "accelerated", "cueq", "floor")
+DEFAULT_VARIANTS = ("mace", "accelerated", "cueq")
 #: the elements of the first crystals' atoms; more come from the periodic table in order (MACE-MP-0 has 89)
 COMMON = ("H", "C", "N", "O", "Si", "Cu")
 
@@ -137,6 +142,40 @@ def to_cueq(mace, device):
         torch.set_default_dtype(default)  # the converter sets the model's dtype as the default
 
 
+class _FreeConvolution(torch.nn.Module):
+    """A stand-in for an accelerated convolution: ``[nodes, dim_out]`` from one pass over each input."""
+
+    def __init__(self, dim_out: int):
+        super().__init__()
+        self.dim_out = dim_out
+
+    def forward(self, node_feats, edge_attrs, tp_weights, edge_index=None):
+        scale = edge_attrs.sum() + tp_weights.sum()
+        return (node_feats.sum(-1, keepdim=True) * scale).expand(-1, self.dim_out)
+
+
+class _FreeContraction(torch.nn.Module):
+    """A stand-in for a symmetric contraction: ``[nodes, channels * dim_out]`` from one pass over ``x``."""
+
+    def __init__(self, dim_out: int):
+        super().__init__()
+        self.dim_out = dim_out
+
+    def forward(self, x, y):
+        return (x.sum(-1, keepdim=True) * y.sum(-1)[:, None, None]).expand(-1, -1, self.dim_out).reshape(len(x), -1)
+
+
+def floor_model(accelerated):
+    """A copy of ``accelerated`` whose convolutions and symmetric contractions cost almost nothing."""
+    model = copy.deepcopy(accelerated)
+    for block in model.interactions:
+        block.conv_tp = _FreeConvolution(block.conv_tp.tensor_product.irreps_out.dim)
+    for block in model.products:
+        contraction = block.symmetric_contractions
+        block.symmetric_contractions = _FreeContraction(sum(term.ir.dim for term in contraction.irreps_out))
+    return model
+
+
 def check(mace, accelerated, batch) -> float:
     """The largest relative error of the accelerated model's energy, forces and stress against MACE's."""
     expected = mace(dict(batch), compute_stress=True)
@@ -191,7 +230,7 @@ def main(argv=None):
     parser.add_argument("--elements", type=int, default=3)
     parser.add_argument("--r-max", type=float, default=5.0)
     parser.add_argument("--interaction", default="RealAgnosticResidualInteractionBlock")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
     parser.add_argument("--mode", choices=["forces", "train"], nargs="+", default=["forces"],
                         help="forces: energies and forces (an MD step's model call); train: a training step on "
                              "energies and forces (the loss's gradient with respect to the parameters); "
@@ -225,6 +264,8 @@ def main(argv=None):
         else:
             cueq_error = check(mace, cueq.to(torch.float64), checked)
             models["cueq"] = cueq
+    if "floor" in wanted:
+        models["floor"] = floor_model(accelerated)
     for model in models.values():
         model.to(dtype)
     del checked
@@ -252,10 +293,12 @@ def main(argv=None):
                          if "ms" in result else result["error"])
                 print(f"  {mode:>6} {variant:>11}: {shown}", flush=True)
                 synchronize(device)
-            for other in ("mace", "cueq"):
+            for other in ("mace", "cueq", "floor"):
                 if "ms" in found.get(other, {}) and "ms" in found.get("accelerated", {}):
                     print(f"  {mode:>6} accelerated: {found['accelerated']['ms'] / found[other]['ms']:.2f}x "
                           f"{other}'s step time")
+            if "ms" in found.get("floor", {}) and "ms" in found.get("cueq", {}):
+                print(f"  {mode:>6}       floor: {found['floor']['ms'] / found['cueq']['ms']:.2f}x cueq's step time")
         del batch
     print(f"total {time.perf_counter() - started:.0f} s")
     if args.json:
