@@ -5,7 +5,8 @@ import subprocess
 
 def aoti_load_crash(result: subprocess.CompletedProcess) -> bool:
     """Whether a child that compiled an AOTInductor package and then loaded it died of the known crash of
-    torch's package loader (seen with torch 2.11 on an H200): a segmentation fault inside
+    torch's package loader (torch 2.11.0+cu130 on an H200 host, for every package, a plain ``(x * 2).sin()`` one
+    on the CPU too): a segmentation fault inside
     ``torch._inductor.aoti_load_package``, after the child printed ``compiled`` and before ``loaded``. The
     child must run with ``faulthandler`` enabled, which writes the Python frames of the crash to stderr."""
     return (result.returncode == -signal.SIGSEGV and result.stdout.split() == ["compiled"]
