@@ -15,7 +15,9 @@ converted by MACE's ``mace.cli.convert_e3nn_cueq``, where cuequivariance is inst
 unless named in ``--variants``): the accelerated model with its convolutions and symmetric contractions replaced
 by stand-ins that cost almost nothing (outputs of the right shapes made from a sum over each input, so that the
 backward still reaches every input), the time of the rest of MACE's model, which no faster convolution or
-contraction can go under. A step is
+contraction can go under; ``compiled`` (not run unless named): ``torch.compile`` of the accelerated model, called
+as ``docs/mace.rst`` says (the positions requiring grad; in training ``torch.autograd.grad`` traced into the graph),
+its first call (compilation) reported apart. A step is
 ``model(batch, compute_force=True)`` (energies, forces from the gradient of the energy), or with ``--mode
 train`` a training step (``training=True``, the squared energies and forces summed, ``backward`` to the
 parameters); the median of single steps after two warm-up steps, and ``peak MB``: the peak memory of one step
@@ -49,7 +51,7 @@ from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E4
 from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "accelerated", "cueq", "floor")
+VARIANTS = ("mace", "accelerated", "cueq", "floor", "compiled")
 DEFAULT_VARIANTS = ("mace", "accelerated", "cueq")
 #: the elements of the first crystals' atoms; more come from the periodic table in order (MACE-MP-0 has 89)
 COMMON = ("H", "C", "N", "O", "Si", "Cu")
@@ -186,6 +188,15 @@ def check(mace, accelerated, batch) -> float:
 
 def _step(model, batch, mode):
     """One step of ``model`` on ``batch``: energies and forces (``mode == "forces"``), or a training step."""
+    if getattr(model, "_orig_mod", None) is None:
+        return _run(model, batch, mode)
+    # compiled: the positions require grad before the call, and training traces torch.autograd.grad
+    batch = dict(batch, positions=batch["positions"].detach().requires_grad_(True))
+    with torch._dynamo.config.patch(trace_autograd_ops=mode == "train"):
+        return _run(model, batch, mode)
+
+
+def _run(model, batch, mode):
     if mode == "forces":
         return model(dict(batch), compute_force=True)["forces"]
     for parameter in model.parameters():
@@ -194,6 +205,18 @@ def _step(model, batch, mode):
     loss = out["energy"].square().sum() + out["forces"].square().sum()
     loss.backward()
     return loss
+
+
+def compare(model, reference, batch, mode) -> float:
+    """The largest relative difference of ``model``'s step from ``reference``'s: the forces, or in training the
+    loss and every parameter gradient."""
+    def outputs(m):
+        value = _step(m, batch, mode)
+        grads = [] if mode == "forces" else [p.grad.clone() for p in m.parameters() if p.grad is not None]
+        return [value.detach()] + grads
+
+    return max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+               for a, b in zip(outputs(model), outputs(reference), strict=True))
 
 
 def _measure(step, device, repeats: int, max_seconds: float) -> dict:
@@ -286,17 +309,31 @@ def main(argv=None):
         for mode in args.mode:
             found = {}
             for variant in wanted:
+                first = None
+                if variant == "compiled":  # compiled afresh for each mode (see docs/mace.rst); the first call compiles
+                    torch._dynamo.reset()
+                    models["compiled"] = torch.compile(models["accelerated"])
+                    start = time.perf_counter()
+                    _step(models[variant], batch, mode)
+                    synchronize(device)
+                    first = round(time.perf_counter() - start, 1)
+                    difference = compare(models["compiled"], models["accelerated"], batch, mode)
                 result = _measure(lambda: _step(models[variant], batch, mode), device, repeats, args.max_seconds)
+                if first is not None:
+                    result.update(first_call_s=first, difference_to_eager=difference)
                 rows.append({"variant": variant, "mode": mode, **size, **result})
                 found[variant] = result
                 shown = (f"{result['ms']:10.2f} ms (median of {result['samples']})  peak {result['peak_mb']:8.1f} MB"
                          if "ms" in result else result["error"])
+                if first is not None:
+                    shown += f"  (first call {first} s; {difference:.2g} from eager)"
                 print(f"  {mode:>6} {variant:>11}: {shown}", flush=True)
                 synchronize(device)
-            for other in ("mace", "cueq", "floor"):
-                if "ms" in found.get(other, {}) and "ms" in found.get("accelerated", {}):
-                    print(f"  {mode:>6} accelerated: {found['accelerated']['ms'] / found[other]['ms']:.2f}x "
-                          f"{other}'s step time")
+            for ours in ("accelerated", "compiled"):
+                for other in ("mace", "cueq", "floor"):
+                    if "ms" in found.get(other, {}) and "ms" in found.get(ours, {}):
+                        print(f"  {mode:>6} {ours:>11}: {found[ours]['ms'] / found[other]['ms']:.2f}x {other}'s step "
+                              f"time")
             if "ms" in found.get("floor", {}) and "ms" in found.get("cueq", {}):
                 print(f"  {mode:>6}       floor: {found['floor']['ms'] / found['cueq']['ms']:.2f}x cueq's step time")
         del batch
