@@ -17,7 +17,7 @@ by stand-ins that cost almost nothing (outputs of the right shapes made from a s
 backward still reaches every input), the time of the rest of MACE's model, which no faster convolution or
 contraction can go under; ``compiled`` (not run unless named): ``torch.compile`` of the accelerated model, called
 as ``docs/mace.rst`` says (the positions requiring grad; in training ``torch.autograd.grad`` traced into the graph),
-its first call (compilation) reported apart. A step is
+its first call (compilation) reported apart; ``cueq-compiled`` likewise of the cuEquivariance model. A step is
 ``model(batch, compute_force=True)`` (energies, forces from the gradient of the energy), or with ``--mode
 train`` a training step (``training=True``, the squared energies and forces summed, ``backward`` to the
 parameters); the median of single steps after two warm-up steps, and ``peak MB``: the peak memory of one step
@@ -51,7 +51,9 @@ from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E4
 from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "accelerated", "cueq", "floor", "compiled")
+VARIANTS = ("mace", "accelerated", "cueq", "floor", "compiled", "cueq-compiled")
+#: the variants that are another variant compiled
+COMPILED = {"compiled": "accelerated", "cueq-compiled": "cueq"}
 DEFAULT_VARIANTS = ("mace", "accelerated", "cueq")
 #: the elements of the first crystals' atoms; more come from the periodic table in order (MACE-MP-0 has 89)
 COMMON = ("H", "C", "N", "O", "Si", "Cu")
@@ -279,11 +281,11 @@ def main(argv=None):
     assert error < 1e-10, f"the accelerated model differs from MACE's by {error:.3g} (float64)"
     models = {"mace": mace, "accelerated": accelerated}
     cueq_error = None
-    if "cueq" in wanted:
+    if {"cueq", "cueq-compiled"} & set(wanted):
         cueq = to_cueq(mace, device)
         if cueq is None:
-            print("# cueq: cuequivariance is not installed here; that variant is skipped", flush=True)
-            wanted.remove("cueq")
+            print("# cueq: cuequivariance is not installed here; its variants are skipped", flush=True)
+            wanted = [v for v in wanted if v not in ("cueq", "cueq-compiled")]
         else:
             cueq_error = check(mace, cueq.to(torch.float64), checked)
             models["cueq"] = cueq
@@ -310,14 +312,19 @@ def main(argv=None):
             found = {}
             for variant in wanted:
                 first = None
-                if variant == "compiled":  # compiled afresh for each mode (see docs/mace.rst); the first call compiles
+                if variant in COMPILED:  # compiled afresh for each mode (see docs/mace.rst); the first call compiles
                     torch._dynamo.reset()
-                    models["compiled"] = torch.compile(models["accelerated"])
+                    models[variant] = torch.compile(models[COMPILED[variant]])
                     start = time.perf_counter()
-                    _step(models[variant], batch, mode)
+                    try:
+                        _step(models[variant], batch, mode)
+                    except Exception as error:  # noqa: BLE001 - a model that does not compile is a result
+                        rows.append({"variant": variant, "mode": mode, **size, "error": repr(error)[:300]})
+                        print(f"  {mode:>6} {variant:>11}: {repr(error)[:300]}", flush=True)
+                        continue
                     synchronize(device)
                     first = round(time.perf_counter() - start, 1)
-                    difference = compare(models["compiled"], models["accelerated"], batch, mode)
+                    difference = compare(models[variant], models[COMPILED[variant]], batch, mode)
                 result = _measure(lambda: _step(models[variant], batch, mode), device, repeats, args.max_seconds)
                 if first is not None:
                     result.update(first_call_s=first, difference_to_eager=difference)
@@ -330,7 +337,7 @@ def main(argv=None):
                 print(f"  {mode:>6} {variant:>11}: {shown}", flush=True)
                 synchronize(device)
             for ours in ("accelerated", "compiled"):
-                for other in ("mace", "cueq", "floor"):
+                for other in ("mace", "cueq", "floor", "cueq-compiled"):
                     if "ms" in found.get(other, {}) and "ms" in found.get(ours, {}):
                         print(f"  {mode:>6} {ours:>11}: {found[ours]['ms'] / found[other]['ms']:.2f}x {other}'s step "
                               f"time")
