@@ -227,46 +227,6 @@ def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
     assert abs(atoms.get_potential_energy() - results["mace"][0]) <= 1e-5 * abs(results["mace"][0])
 
 
-def _compilable_batch(data, num_graphs: int) -> dict:
-    """``data`` as a compiled step takes it: positions that require grad, and the strain (``displacement``) as an
-    input leaf, so that the gradient reaching it crosses the graph break at ``torch.autograd.grad``."""
-    out = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in data.items()}
-    out["positions"].requires_grad_(True)
-    out["displacement"] = torch.zeros(num_graphs, 3, 3, dtype=torch.float64, requires_grad=True)
-    return out
-
-
-@pytest.mark.slow
-def test_torch_compile_molecular_dynamics_and_training_steps(generator):
-    """``torch.compile`` of a converted model: energies, forces and stress of an MD step's call equal MACE's eager
-    ones (twice: the compiled call reused); a force- and stress-training step (``torch.autograd.grad`` traced into
-    the graph, as ``mace.tools.compile`` sets it) gives MACE's eager parameter gradients."""
-    model = mace_model(generator, max_ell=1, correlation=2)  # a small graph: compiling takes most of the time
-    data = batch(structures(generator), model)
-    graphs = int(data["ptr"].numel() - 1)
-    expected = model(_compilable_batch(data, graphs), compute_stress=True)
-    compiled = torch.compile(accelerate(copy.deepcopy(model)))
-    for _ in range(2):
-        got = compiled(_compilable_batch(data, graphs), compute_stress=True)
-        for key in ("energy", "forces", "stress"):
-            assert_close(got[key], expected[key], key)
-
-    def loss(module):
-        out = module(_compilable_batch(data, graphs), training=True, compute_stress=True)
-        return out["energy"].square().sum() + out["forces"].square().sum() + 100 * out["stress"].square().sum()
-
-    ours = accelerate(copy.deepcopy(model))
-    loss(model).backward()
-    torch._dynamo.reset()
-    with torch._dynamo.config.patch(trace_autograd_ops=True):
-        loss(torch.compile(ours)).backward()
-    torch._dynamo.reset()
-    for (name, theirs), mine in zip(model.named_parameters(), (ours.get_parameter(n) for n, _ in
-                                                               model.named_parameters())):
-        if theirs.grad is not None:
-            assert_close(mine.grad, theirs.grad, name)
-
-
 def test_single_blocks(generator):
     """An interaction block and a product block given alone; a second conversion changes nothing."""
     model = mace_model(generator)
