@@ -7,6 +7,8 @@ import copy
 import functools
 import importlib
 import io
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -225,6 +227,20 @@ def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
     atoms.calc = MACECalculator(model_paths=str(tmp_path / "accelerated.model"), device="cpu",
                                 default_dtype="float32")
     assert abs(atoms.get_potential_energy() - results["mace"][0]) <= 1e-5 * abs(results["mace"][0])
+
+
+@pytest.mark.slow
+def test_torch_compile_molecular_dynamics_and_training_steps():
+    """``torch.compile`` of a converted model: an MD step's energies, forces and stress and a training step's
+    parameter gradients equal MACE's eager ones (``mace_compiled.py``, in a process of its own)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, os.path.join(here, "mace_compiled.py")], env=env, capture_output=True,
+                          text=True, timeout=900)
+    if done.returncode == 3:
+        pytest.skip(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_single_blocks(generator):
