@@ -31,6 +31,9 @@ CPU). Before timing, every variant but cuEquivariance is checked against e3nn in
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import json
 import os
 import platform
@@ -175,8 +178,17 @@ class _ResidentPeak:
         self.peak = max(self.peak, self._rss())
 
 
+def release_freed_memory() -> None:
+    """Hand the memory the C allocator holds free back to the system (glibc's ``malloc_trim``), so that the
+    resident-memory peak of the next step counts what it allocates, not what an earlier step left free."""
+    name = ctypes.util.find_library("c")
+    if name is not None and hasattr(ctypes.CDLL(name), "malloc_trim"):
+        ctypes.CDLL(name).malloc_trim(0)
+
+
 def peak_mb(step, device) -> float:
-    """Peak memory of one step above what was allocated before it, in MB."""
+    """Peak memory of one step above what was allocated before it, in MB (on the CPU: the growth of the resident
+    memory, after the allocator's free memory is handed back)."""
     synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -185,6 +197,8 @@ def peak_mb(step, device) -> float:
         synchronize(device)
         del result
         return (torch.cuda.max_memory_allocated(device) - before) / 1e6
+    gc.collect()
+    release_freed_memory()
     with _ResidentPeak() as peak:
         result = step()
         del result

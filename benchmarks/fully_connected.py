@@ -8,16 +8,23 @@ The product of ``IRREPS`` (default ``64x0e + 64x1o + 64x2e``) with itself into t
 "uvw" with shared internal weights (e3nn's defaults), ``--dtype`` float32. First the check: outputs of both on
 a few rows in float64 must agree (relative max error below 1e-10). Then the medians of ``--repeats`` single
 calls as a training step makes them (inputs requiring gradients; ``fwd``: the forward, ``fwd+bwd``: the
-forward and ``out.backward(G)``), with the peak memory the step allocated on CUDA. Ratios are e3nn / ours.
+forward and ``out.backward(G)``), with the peak memory of a step (on the CPU: the growth of the resident memory).
+Ratios are e3nn / ours. ``--chunk-mb`` sets the memory beyond which ours computes its rows in chunks and
+recomputes them in the backward (:mod:`sparse_accumulation.e3nn.factored`).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 
 import torch
 
-from sparse_accumulation.bench.timing import measure, synchronize
+from sparse_accumulation.bench.timing import measure
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from convolution import peak_mb  # noqa: E402
 
 
 def _step(module, x, y, G, mode):
@@ -31,17 +38,6 @@ def _step(module, x, y, G, mode):
         return out
 
     return step
-
-
-def _peak_mb(step, device) -> float:
-    if device.type != "cuda":
-        return float("nan")
-    synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    step()
-    synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
 def _modules(irreps, dtype, device, with_cueq):
@@ -77,6 +73,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1000])
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk-mb", type=float, default=None,
+                        help="ours: the bytes of intermediates beyond which rows go in chunks and the backward "
+                             "recomputes them (default: SPARSE_ACCUMULATION_FACTORED_CHUNK_MB, else 1024)")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 
@@ -88,6 +87,8 @@ def main(argv=None) -> None:
     assert error < 1e-10, "outputs differ from e3nn's"
 
     modules = _modules(args.irreps, dtype, device, device.type == "cuda")
+    if args.chunk_mb is not None:
+        modules["ours"]._factored_chunk_bytes = int(args.chunk_mb * 2**20)
     for rows in args.rows:
         dim = modules["ours"].irreps_in1.dim
         x, y = (torch.randn(rows, dim, dtype=dtype, device=device, requires_grad=True) for _ in range(2))
@@ -98,7 +99,7 @@ def main(argv=None) -> None:
                 step = _step(module, x, y, G, mode)
                 try:
                     ms = statistics.median(measure("call", step, device, repeats=args.repeats, warmup=2))
-                    peak = _peak_mb(step, device)
+                    peak = peak_mb(step, device)
                 except RuntimeError as error:  # out of memory, a peer's refusal: reported, the others go on
                     print(f"  {rows:>9,} rows {name:>5} {mode:>8}: FAILED ({str(error)[:160]})", flush=True)
                     continue

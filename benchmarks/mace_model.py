@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
-import ctypes.util
 import gc
 import json
 import os
@@ -121,14 +119,6 @@ def make_batch(crystal, model, dtype, device) -> dict:
     finally:
         torch.set_default_dtype(previous)
     return torch_geometric.Batch.from_data_list([graph]).to(device).to_dict()
-
-
-def release_freed_memory(device) -> None:
-    """On the CPU, hand the memory the allocator holds free back to the system (glibc's ``malloc_trim``), so that
-    the resident-memory peak of the next step counts what it allocates, not what an earlier step left free."""
-    name = ctypes.util.find_library("c")
-    if device.type == "cpu" and name is not None and hasattr(ctypes.CDLL(name), "malloc_trim"):
-        ctypes.CDLL(name).malloc_trim(0)
 
 
 def to_cueq(mace, device):
@@ -230,7 +220,6 @@ def _measure(step, device, repeats: int, max_seconds: float) -> dict:
         samples = [elapsed_ms(step, device)]
         while len(samples) < repeats and time.perf_counter() < deadline:
             samples.append(elapsed_ms(step, device))
-        release_freed_memory(device)
         memory = peak_mb(step, device)
     except torch.OutOfMemoryError:
         return {"error": "out of memory"}

@@ -11,8 +11,16 @@ matrix product against the smallest of the three irreps' dimensions: with shared
 ``in1[u] in2[v]`` coupled to each output component (when ``2 l_out + 1`` is the smallest), else against ``in1``
 per component ``i`` or ``in2`` per component ``j``, the rest coupled by the 3j symbol in a batched matrix
 product; with per-row weights, against the coupled pairs, row by row. The intermediates (up to ``mul1 mul2``
-or ``mul2 mul_out`` numbers per component and row) are laid out as the next product reads them, and kept for
-the backward as torch keeps them.
+or ``mul2 mul_out`` numbers per component and row: 82 kB a row for ``64x2e x 64x2e -> 64x2e`` in float32) are laid
+out as the next product reads them.
+
+Memory: where the intermediates of all rows would take more than :data:`CHUNK_BYTES` (default 1 GiB,
+``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``), the rows are computed in chunks that fit, and the backward computes
+each chunk's intermediates again instead of keeping them (:class:`_Recomputed`): the peak memory of a
+forward+backward is then one chunk's intermediates beside the inputs and outputs, instead of every row's (43 GB for
+10^5 rows of the product above), for one more forward's arithmetic in the backward. Smaller products keep their
+intermediates for the backward, as torch does. Under TorchScript the chunks are computed one after another and
+kept as torch keeps them.
 Written with torch operations only (so every derivative and TorchScript come with them), on every device.
 
 :func:`factored_instructions` says which instructions run so (``"uvw"`` with at least
@@ -22,6 +30,7 @@ Written with torch operations only (so every derivative and TorchScript come wit
 from __future__ import annotations
 
 import math
+import os
 from typing import List
 
 import numpy as np
@@ -31,6 +40,9 @@ import cg
 
 #: "uvw" instructions of at least this many paths (``mul1 mul2 mul_out``) are computed factored
 FACTORED_MIN_PATHS = 512
+#: the most bytes the intermediates of a chunk of rows may take (``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``
+#: megabytes, default 1024, read at import)
+CHUNK_BYTES = int(float(os.environ.get("SPARSE_ACCUMULATION_FACTORED_CHUNK_MB", "1024")) * 2**20)
 
 
 def factored_instructions(instructions, irreps_in1, irreps_in2, irreps_out) -> frozenset:
@@ -71,19 +83,125 @@ def specs(instructions, factored, irreps_in1, irreps_in2, irreps_out) -> tuple:
     return rows, (np.concatenate(blocks) if blocks else np.zeros(0))
 
 
+def row_bytes(specs: List[List[int]], shared: bool, element_size: int) -> int:
+    """Bytes of the largest instruction's intermediates per row, twice (their gradients in the backward)."""
+    largest = 0
+    for spec in specs:
+        s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc = spec
+        if not shared:
+            elements = d_out * mul1 * mul2 + d_out * d1 * mul2
+        elif d_out <= d1 and d_out <= d2:
+            elements = d_out * mul2 * d1 + d_out * mul2 * mul1
+        elif d1 <= d2:
+            elements = d1 * mul2 * mul_out + d1 * mul2 * d_out
+        else:
+            elements = d2 * mul1 * mul_out + d2 * mul1 * d_out
+        largest = max(largest, elements + mul1 * d1 + mul2 * d2 + 2 * mul_out * d_out)
+    return 2 * largest * element_size
+
+
+def chunk_rows(specs: List[List[int]], shared: bool, rows: int, element_size: int, budget: int) -> int:
+    """Rows per chunk: all of them where their intermediates fit in ``budget`` bytes, else as many as fit (at
+    least one)."""
+    per_row = row_bytes(specs, shared, element_size)
+    if per_row * rows <= budget:
+        return max(rows, 1)
+    return max(1, budget // max(per_row, 1))
+
+
+def _rows(t: torch.Tensor, start: int, stop: int, rows: int) -> torch.Tensor:
+    """Rows ``start:stop`` of an operand of ``rows`` rows (one of a single row is shared by every chunk)."""
+    return t[start:stop] if t.shape[0] == rows else t
+
+
 def factored_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],
-                     coefficients: torch.Tensor, dim_out: int) -> torch.Tensor:
-    """The factored instructions' part of the product, ``[rows, dim_out]``.
+                     coefficients: torch.Tensor, dim_out: int, budget: int) -> torch.Tensor:
+    """The factored instructions' part of the product, ``[rows, dim_out]``, in chunks of rows where the
+    intermediates would exceed ``budget`` bytes (see the module docstring).
 
     Args:
         x, y: ``[rows or 1, irreps_in1.dim]``, ``[rows or 1, irreps_in2.dim]`` (e3nn's layout), one dtype.
         weight: ``[weight_numel]`` (``shared``) or ``[rows or 1, weight_numel]``.
         specs, coefficients: as :func:`specs` makes them (the coefficients in the inputs' dtype and device).
         dim_out: ``irreps_out.dim``.
+        budget: bytes the intermediates of a chunk may take (:data:`CHUNK_BYTES` by default).
     """
     rows = max(x.shape[0], y.shape[0])
     if not shared:
         rows = max(rows, weight.shape[0])
+    step = chunk_rows(specs, shared, rows, x.element_size(), budget)
+    if step >= rows:
+        return _factored_rows(x, y, weight, shared, specs, coefficients, dim_out, rows)
+    if not torch.jit.is_scripting():
+        if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or weight.requires_grad):
+            return _recomputed(x, y, weight, shared, specs, coefficients, dim_out, rows, step)
+    parts: List[torch.Tensor] = []
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        w = weight if shared else _rows(weight, start, stop, rows)
+        parts.append(_factored_rows(_rows(x, start, stop, rows), _rows(y, start, stop, rows), w, shared, specs,
+                                    coefficients, dim_out, stop - start))
+    return torch.cat(parts)
+
+
+@torch.jit.unused
+def _recomputed(x, y, weight, shared: bool, specs: List[List[int]], coefficients, dim_out: int, rows: int,
+                step: int) -> torch.Tensor:
+    return _Recomputed.apply(x, y, weight, coefficients, shared, specs, dim_out, rows, step)
+
+
+class _Recomputed(torch.autograd.Function):
+    """The product in chunks of ``step`` rows, whose backward computes each chunk's intermediates again (and
+    differentiates them, so that every order of derivative runs), rather than keeping every chunk's."""
+
+    @staticmethod
+    def forward(ctx, x, y, weight, coefficients, shared, specs, dim_out, rows, step):
+        ctx.save_for_backward(x, y, weight, coefficients)
+        ctx.args = (shared, specs, dim_out, rows, step)
+        out = x.new_empty(rows, dim_out)
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            w = weight if shared else _rows(weight, start, stop, rows)
+            out[start:stop] = _factored_rows(_rows(x, start, stop, rows), _rows(y, start, stop, rows), w, shared,
+                                             specs, coefficients, dim_out, stop - start)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, y, weight, coefficients = ctx.saved_tensors
+        shared, specs, dim_out, rows, step = ctx.args
+        create = torch.is_grad_enabled()  # a double backward follows: the gradients must be differentiable
+        wanted = ctx.needs_input_grad[:3]
+        chunked = [t.shape[0] == rows and not (shared and i == 2) for i, t in enumerate((x, y, weight))]
+        parts = [[] for _ in range(3)]
+        totals = [None] * 3
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            operands = [_rows(t, start, stop, rows) if c else t for t, c in zip((x, y, weight), chunked)]
+            if not create:
+                operands = [t.detach().requires_grad_(w) for t, w in zip(operands, wanted)]
+            with torch.enable_grad():
+                out = _factored_rows(*operands, shared, specs, coefficients, dim_out, stop - start)
+                asked = [t for t, w in zip(operands, wanted) if w]
+                found = iter(torch.autograd.grad(out, asked, grad[start:stop], create_graph=create,
+                                                 allow_unused=True))
+            for i in range(3):
+                if not wanted[i]:
+                    continue
+                g = next(found)
+                if g is None:
+                    g = torch.zeros_like(operands[i])
+                if chunked[i]:
+                    parts[i].append(g)
+                else:
+                    totals[i] = g if totals[i] is None else totals[i] + g
+        grads = [torch.cat(parts[i]) if chunked[i] and wanted[i] else totals[i] for i in range(3)]
+        return (*grads, None, None, None, None, None, None)
+
+
+def _factored_rows(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],
+                   coefficients: torch.Tensor, dim_out: int, rows: int) -> torch.Tensor:
+    """The product of ``rows`` rows at once (arguments as :func:`factored_product`'s)."""
     out = x.new_zeros(rows, dim_out)
     for spec in specs:
         s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc = spec

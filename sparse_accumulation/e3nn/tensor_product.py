@@ -39,7 +39,7 @@ import torch
 from .. import backends
 from ..ops.accumulate.api import accumulate_rule
 from ..ops.scripted import broadcast_shapes, check_index, check_like, check_width
-from .factored import factored_instructions, factored_product, specs
+from .factored import CHUNK_BYTES, factored_instructions, factored_product, specs
 from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
@@ -381,6 +381,8 @@ class TensorProduct(torch.nn.Module):
         factored = factored_instructions(self.instructions, self.irreps_in1, self.irreps_in2, self.irreps_out)
         rows, coefficients = specs(self.instructions, factored, self.irreps_in1, self.irreps_in2, self.irreps_out)
         self._factored_specs = rows
+        #: bytes the factored instructions' intermediates may take before rows go in chunks (:mod:`.factored`)
+        self._factored_chunk_bytes = CHUNK_BYTES
         self.register_buffer("_factored_coefficients", torch.as_tensor(coefficients, dtype=dtype), persistent=False)
         divisor = divisor_of_multiplicities(self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions,
                                             factored)
@@ -559,11 +561,12 @@ class TensorProduct(torch.nn.Module):
                 lead = broadcast_shapes(lead, W.shape[:-1])
                 W = _broadcast_rows(W, lead)
             out = factored_product(_broadcast_rows(x, lead), _broadcast_rows(y, lead), W, self.shared_weights,
-                                   self._factored_specs, C, self._dims[2])
+                                   self._factored_specs, C, self._dims[2], self._factored_chunk_bytes)
             return out.view(lead + [self._dims[2]])
         messages = factored_product(x if indices_1 is None else x.index_select(0, indices_1),
                                     y if indices_2 is None else y.index_select(0, indices_2), W,
-                                    self.shared_weights, self._factored_specs, C, self._dims[2])
+                                    self.shared_weights, self._factored_specs, C, self._dims[2],
+                                    self._factored_chunk_bytes)
         if indices_out is None or size_out is None:
             return messages
         return messages.new_zeros(size_out, self._dims[2]).index_add(0, indices_out.to(torch.int64), messages)

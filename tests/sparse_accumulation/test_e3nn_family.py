@@ -223,6 +223,62 @@ def test_large_uvw_instructions_are_factored_and_equal_to_e3nn_to_second_order(n
     torch.testing.assert_close(tp(x3, y3, w3), theirs(x3, y3, w3), rtol=1e-10, atol=1e-10)
 
 
+def _saved_bytes(function) -> int:
+    """Bytes of the tensors autograd keeps for the backward while ``function()`` runs (each storage once)."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        function()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("name, args, kwargs", FACTORED)
+def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, generator):
+    """Rows whose intermediates exceed the module's budget go in chunks, recomputed in the backward: values and
+    derivatives to second order, and gradients alone, equal e3nn's (a last chunk shorter than the others, a
+    single row of y shared by every row, message passing, TorchScript), and the forward keeps for the backward
+    about its inputs instead of every row's intermediates."""
+    from sparse_accumulation.e3nn.factored import row_bytes
+
+    theirs = getattr(o3, name)(*args, **kwargs)
+    tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
+    tp.load_state_dict(theirs.state_dict(), strict=True)
+    per_row = row_bytes(tp._factored_specs, tp.shared_weights, 8)
+    rows = 23
+    x = torch.randn(rows, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(rows, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    shared = kwargs.get("shared_weights") is not False
+    weight = (tp.weight if shared else
+              torch.randn(rows, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True))
+
+    def call(module, a, b):
+        return module(a, b) if shared else module(a, b, weight)
+
+    inputs_ours, inputs_theirs = [x, y, weight], [x, y, theirs.weight if shared else weight]
+    whole = _saved_bytes(lambda: call(tp, x, y))
+    tp._factored_chunk_bytes = 4 * per_row  # chunks of 4 rows: the last one of 3
+    chunked = _saved_bytes(lambda: call(tp, x, y))
+    inputs_bytes = sum(t.numel() * 8 for t in inputs_ours) + tp._factored_coefficients.numel() * 8
+    assert chunked < whole and chunked <= 2 * inputs_bytes, (chunked, inputs_bytes, whole)
+
+    torch.testing.assert_close(derivatives(call(tp, x, y), inputs_ours),
+                               derivatives(call(theirs, x, y), inputs_theirs), rtol=1e-10, atol=1e-10)
+    G = torch.randn(rows, tp.irreps_out.dim, dtype=torch.float64, generator=generator)
+    torch.testing.assert_close(torch.autograd.grad(call(tp, x, y), inputs_ours, G),
+                               torch.autograd.grad(call(theirs, x, y), inputs_theirs, G), rtol=1e-10, atol=1e-10)
+    one = y[:1].detach().requires_grad_()
+    torch.testing.assert_close(derivatives(call(tp, x, one), [x, one]),
+                               derivatives(call(theirs, x, one.expand(rows, -1)), [x, one]), rtol=1e-10, atol=1e-10)
+    with torch.no_grad():
+        torch.testing.assert_close(call(torch.jit.script(tp), x, y), call(theirs, x, y), rtol=1e-10, atol=1e-10)
+    if not shared:
+        check_message_passing(tp, generator, nodes=5, edges=rows)
+
+
 def test_factored_instructions_in_message_passing_and_torchscript(generator):
     irreps = ("12x0e + 4x1o", "10x0e + 4x1e", "8x0e + 4x1o")
     tp = ours.FullyConnectedTensorProduct(*irreps, shared_weights=False, dtype=torch.float64)
