@@ -121,7 +121,7 @@ def test_bench_without_matplotlib_writes_json_and_one_line(tmp_path, capsys, mon
 
 def test_bench_refuses_a_wrong_implementation(wrong_numba, tmp_path, capsys):
     code = main(["bench", "--l", "2", "2", "2", "--implementations", "numba", "--modes", "forward", *TINY,
-                 "--output", str(tmp_path)])
+                 "--timings", "kernel,call", "--output", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 1
     rows = {r["implementation"]: r for r in _table(captured.out)}
