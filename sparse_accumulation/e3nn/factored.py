@@ -135,6 +135,12 @@ def factored_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, sha
     if not torch.jit.is_scripting():
         if torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or weight.requires_grad):
             return _recomputed(x, y, weight, shared, specs, coefficients, dim_out, rows, step)
+    return _in_chunks(x, y, weight, shared, specs, coefficients, dim_out, rows, step)
+
+
+def _in_chunks(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],
+               coefficients: torch.Tensor, dim_out: int, rows: int, step: int) -> torch.Tensor:
+    """The product computed ``step`` rows at a time."""
     parts: List[torch.Tensor] = []
     for start in range(0, rows, step):
         stop = min(rows, start + step)
@@ -158,13 +164,7 @@ class _Recomputed(torch.autograd.Function):
     def forward(ctx, x, y, weight, coefficients, shared, specs, dim_out, rows, step):
         ctx.save_for_backward(x, y, weight, coefficients)
         ctx.args = (shared, specs, dim_out, rows, step)
-        out = x.new_empty(rows, dim_out)
-        for start in range(0, rows, step):
-            stop = min(rows, start + step)
-            w = weight if shared else _rows(weight, start, stop, rows)
-            out[start:stop] = _factored_rows(_rows(x, start, stop, rows), _rows(y, start, stop, rows), w, shared,
-                                             specs, coefficients, dim_out, stop - start)
-        return out
+        return _in_chunks(x, y, weight, shared, specs, coefficients, dim_out, rows, step)
 
     @staticmethod
     def backward(ctx, grad):
