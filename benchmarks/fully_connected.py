@@ -75,7 +75,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mb", type=float, default=None,
                         help="ours: the bytes of intermediates beyond which rows go in chunks and the backward "
-                             "recomputes them (default: SPARSE_ACCUMULATION_FACTORED_CHUNK_MB, else 1024)")
+                             "recomputes them (default: SPARSE_ACCUMULATION_FACTORED_CHUNK_MB, else 256 on the CPU, "
+                             "1024 on a GPU)")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
 

@@ -14,9 +14,9 @@ product; with per-row weights, against the coupled pairs, row by row. The interm
 or ``mul2 mul_out`` numbers per component and row: 82 kB a row for ``64x2e x 64x2e -> 64x2e`` in float32) are laid
 out as the next product reads them.
 
-Memory: where the intermediates of all rows would take more than :data:`CHUNK_BYTES` (default 1 GiB,
-``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``), the rows are computed in chunks that fit, and the backward computes
-each chunk's intermediates again instead of keeping them (:class:`_Recomputed`): the peak memory of a
+Memory: where the intermediates of all rows would take more than a budget (:func:`default_budget`: 256 MiB on
+the CPU, 1 GiB on a GPU; ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB`` sets another), the rows are computed in
+chunks that fit, and the backward computes each chunk's intermediates again instead of keeping them (:class:`_Recomputed`): the peak memory of a
 forward+backward is then one chunk's intermediates beside the inputs and outputs, instead of every row's (43 GB for
 10^5 rows of the product above), for one more forward's arithmetic in the backward. Smaller products keep their
 intermediates for the backward, as torch does. Under TorchScript the chunks are computed one after another and
@@ -40,9 +40,15 @@ import cg
 
 #: "uvw" instructions of at least this many paths (``mul1 mul2 mul_out``) are computed factored
 FACTORED_MIN_PATHS = 512
-#: the most bytes the intermediates of a chunk of rows may take (``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``
-#: megabytes, default 1024, read at import)
-CHUNK_BYTES = int(float(os.environ.get("SPARSE_ACCUMULATION_FACTORED_CHUNK_MB", "1024")) * 2**20)
+#: the most bytes the intermediates of a chunk of rows may take: ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``
+#: megabytes (read at import), else 0: :func:`default_budget` of the inputs' device
+CHUNK_BYTES = int(float(os.environ.get("SPARSE_ACCUMULATION_FACTORED_CHUNK_MB", "0")) * 2**20)
+
+
+def default_budget(device: torch.device) -> int:
+    """The chunk budget in bytes for tensors on ``device`` when none is set: 256 MiB on the CPU (smaller chunks
+    were as fast there, and stay in the caches), 1 GiB elsewhere (larger chunks launch fewer kernels)."""
+    return 256 * 1048576 if device.type == "cpu" else 1024 * 1048576
 
 
 def factored_instructions(instructions, irreps_in1, irreps_in2, irreps_out) -> frozenset:
@@ -124,11 +130,14 @@ def factored_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, sha
         weight: ``[weight_numel]`` (``shared``) or ``[rows or 1, weight_numel]``.
         specs, coefficients: as :func:`specs` makes them (the coefficients in the inputs' dtype and device).
         dim_out: ``irreps_out.dim``.
-        budget: bytes the intermediates of a chunk may take (:data:`CHUNK_BYTES` by default).
+        budget: bytes the intermediates of a chunk may take; 0 or less: :func:`default_budget` of the inputs'
+            device.
     """
     rows = max(x.shape[0], y.shape[0])
     if not shared:
         rows = max(rows, weight.shape[0])
+    if budget <= 0:
+        budget = default_budget(x.device)
     step = chunk_rows(specs, shared, rows, x.element_size(), budget)
     if step >= rows:
         return _factored_rows(x, y, weight, shared, specs, coefficients, dim_out, rows)

@@ -237,17 +237,17 @@ def _saved_bytes(function) -> int:
 
 
 @pytest.mark.parametrize("name, args, kwargs", FACTORED)
-def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, generator):
+def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, generator, monkeypatch):
     """Rows whose intermediates exceed the module's budget go in chunks, recomputed in the backward: values and
     derivatives to second order, and gradients alone, equal e3nn's (a last chunk shorter than the others, a
     single row of y shared by every row, message passing, TorchScript), and the forward keeps for the backward
     about its inputs instead of every row's intermediates."""
-    from sparse_accumulation.e3nn.factored import row_bytes
+    from sparse_accumulation.e3nn import factored
 
     theirs = getattr(o3, name)(*args, **kwargs)
     tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
     tp.load_state_dict(theirs.state_dict(), strict=True)
-    per_row = row_bytes(tp._factored_specs, tp.shared_weights, 8)
+    per_row = factored.row_bytes(tp._factored_specs, tp.shared_weights, 8)
     rows = 23
     x = torch.randn(rows, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
     y = torch.randn(rows, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
@@ -264,6 +264,11 @@ def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, 
     chunked = _saved_bytes(lambda: call(tp, x, y))
     inputs_bytes = sum(t.numel() * 8 for t in inputs_ours) + tp._factored_coefficients.numel() * 8
     assert chunked < whole and chunked <= 2 * inputs_bytes, (chunked, inputs_bytes, whole)
+    tp._factored_chunk_bytes = 0  # the device's default budget, here one that every row fits
+    with monkeypatch.context() as patched:
+        patched.setattr(factored, "default_budget", lambda device: rows * per_row)
+        assert _saved_bytes(lambda: call(tp, x, y)) == whole
+    tp._factored_chunk_bytes = 4 * per_row
 
     torch.testing.assert_close(derivatives(call(tp, x, y), inputs_ours),
                                derivatives(call(theirs, x, y), inputs_theirs), rtol=1e-10, atol=1e-10)
