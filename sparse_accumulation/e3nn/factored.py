@@ -16,9 +16,10 @@ out as the next product reads them.
 
 Memory: where the intermediates of all rows would take more than a budget (:func:`default_budget`: 256 MiB on
 the CPU, 1 GiB on a GPU; ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB`` sets another), the rows are computed in
-chunks that fit, and the backward computes each chunk's intermediates again instead of keeping them (:class:`_Recomputed`): the peak memory of a
-forward+backward is then one chunk's intermediates beside the inputs and outputs, instead of every row's (43 GB for
-10^5 rows of the product above), for one more forward's arithmetic in the backward. Smaller products keep their
+chunks that fit, and the backward computes each chunk's intermediates again instead of keeping them
+(:class:`_Recomputed`): the peak memory of a forward+backward is then one chunk's intermediates beside the inputs
+and outputs, instead of every row's (43 GB for 10^5 rows of the product above), for one more forward's arithmetic
+in the backward. Smaller products keep their
 intermediates for the backward, as torch does. Under TorchScript the chunks are computed one after another and
 kept as torch keeps them.
 Written with torch operations only (so every derivative and TorchScript come with them), on every device.
