@@ -17,7 +17,7 @@ import time
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.bench.timing import elapsed_ms, synchronize
+from sparse_accumulation.bench.timing import elapsed_ms, synchronize, compiled_kernels_only
 
 CASES = [((1, 1, 2), (100, 100)), ((2, 2, 2), (1000, 2000)), ((8, 8, 8), (1000, 2000))]
 
@@ -71,6 +71,7 @@ def steps(l1, l2, L, rows, device):
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--profile", action="store_true")

@@ -17,7 +17,9 @@ with harmonics l <= 3, 13 "uvu" paths, 10^4 edges, forward+backward), ``contract
 contraction, 128x0e+128x1o+128x2e+128x3o -> 128x0e+128x1o, correlation 3, 10 elements, 10^3 nodes,
 forward+backward) and ``model-eager``, ``model-default``, ``model-reduce-overhead`` (a training step of the
 model of ``benchmarks/model_step.py``, energies and forces, one molecule of 46 atoms): the seconds of the
-first call and of the second.
+first call and of the second; then, where eager calls ran on the portable kernels while the GPU kernels
+compiled, the seconds from the first call until a call ran on compiled kernels only ("compiled"), and the time
+of the call after that ("steady").
 
     python benchmarks/cold_start.py --device cuda --json cold_start_cuda.json
     python benchmarks/cold_start.py --device cuda --cases layer,model-eager
@@ -115,12 +117,29 @@ elif case.startswith("model-"):
 else:
     raise SystemExit(f"unknown case {case!r}")
 times = {"import": imported}
+torch.cuda.synchronize()
+began = time.perf_counter()
 for name in ("first", "second"):
-    torch.cuda.synchronize()
     t0 = time.perf_counter()
     step()
     torch.cuda.synchronize()
     times[name] = time.perf_counter() - t0
+try:  # calls that ran on the portable kernels while the GPU kernels compiled
+    from sparse_accumulation.kernels.triton import launch
+    count = lambda: launch.not_ready_calls
+except (ImportError, AttributeError):
+    count = None
+if count is not None:  # step on until a step runs on compiled kernels only: then the one after it is timed
+    before = count() - 1
+    while count() != before and time.perf_counter() - began < 300:
+        before = count()
+        step()
+        torch.cuda.synchronize()
+    times["compiled_after"] = time.perf_counter() - began
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    times["steady"] = time.perf_counter() - t0
 print(json.dumps(times))
 """
 
@@ -204,7 +223,8 @@ def main_cuda(args, parser) -> None:
     meta = {"versions": {**versions(), "triton": triton.__version__},
             "device": torch.cuda.get_device_name(), "repo": args.repo}
     print(f"# {meta}")
-    print(f"{'case':24} {'start':5} {'import s':>9} {'first s':>9} {'second s':>9}")
+    print(f"{'case':24} {'start':5} {'import s':>9} {'first s':>9} {'second s':>9} {'compiled s':>10} "
+          f"{'steady s':>9}")
     results = []
     for case in cases:
         for _ in range(args.repeats):
@@ -217,7 +237,8 @@ def main_cuda(args, parser) -> None:
                         break
                     results.append({"case": case, "start": start, **times})
                     print(f"{case:24} {start:5} {times['import']:9.2f} {times['first']:9.2f} "
-                          f"{times['second']:9.3f}", flush=True)
+                          f"{times['second']:9.3f} {times.get('compiled_after', float('nan')):10.2f} "
+                          f"{times.get('steady', float('nan')):9.3f}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
 

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation import backends  # noqa: E402
 from sparse_accumulation.bench import timing  # noqa: E402
-from sparse_accumulation.bench.timing import compile_forward, make_step  # noqa: E402
+from sparse_accumulation.bench.timing import compile_forward, make_step, compiled_kernels_only  # noqa: E402
 
 CASES = {"cuda": [((8, 8, 8), (1000, 2000)), ((2, 2, 2), (1000, 2000)), ((1, 1, 2), (100, 100))],
          "cpu": [((1, 1, 1), (10, 1)), ((2, 2, 2), (1000, 20))]}
@@ -77,6 +77,7 @@ def measure(step, device, repeats: int) -> tuple:
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--empty-kernels", action="store_true")

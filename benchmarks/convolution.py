@@ -47,7 +47,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from sparse_accumulation.ops.graph import registered as graph_ops  # noqa: E402
-from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E402
+from sparse_accumulation.bench.timing import elapsed_ms, synchronize, compiled_kernels_only  # noqa: E402
 from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
 
 SIZES = {"cuda": [(1_000_000, 50_000), (100_000, 5_000), (2_000, 100)], "cpu": [(100_000, 5_000), (2_000, 100)]}
@@ -270,6 +270,7 @@ def versions() -> dict:
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", type=float, nargs="+", default=None, metavar="EDGES,NODES",

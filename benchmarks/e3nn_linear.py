@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from sparse_accumulation.bench.timing import measure
+from sparse_accumulation.bench.timing import measure, compiled_kernels_only
 
 
 def per_irrep(linear):
@@ -47,6 +47,7 @@ def per_irrep(linear):
 
 
 def main(argv=None) -> None:
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--irreps", default="128x0e + 128x1o + 128x2e")

@@ -79,6 +79,7 @@ def make_step(module: Step, mode: str):
 
 
 def main(argv=None):
+    timing.compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=30)

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from sparse_accumulation.bench.timing import measure
+from sparse_accumulation.bench.timing import measure, compiled_kernels_only
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convolution import peak_mb  # noqa: E402
@@ -67,6 +67,7 @@ def _modules(irreps, dtype, device, with_cueq):
 
 
 def main(argv=None) -> None:
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--irreps", default="64x0e + 64x1o + 64x2e")

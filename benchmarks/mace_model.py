@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
 from convolution import peak_mb  # noqa: E402
-from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E402
+from sparse_accumulation.bench.timing import elapsed_ms, synchronize, compiled_kernels_only  # noqa: E402
 from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
@@ -231,6 +231,7 @@ def _measure(step, device, repeats: int, max_seconds: float) -> dict:
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--atoms", type=int, nargs="+", default=[343],

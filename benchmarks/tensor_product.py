@@ -41,7 +41,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import sparse_accumulation as sa  # noqa: E402
-from sparse_accumulation.bench.timing import make_step, measure, synchronize  # noqa: E402
+from sparse_accumulation.bench.timing import make_step, measure, synchronize, compiled_kernels_only  # noqa: E402
 from sparse_accumulation.e3nn import TensorProduct  # noqa: E402
 from sparse_accumulation.e3nn.layout import gather, scatter  # noqa: E402
 
@@ -186,6 +186,7 @@ def format_table(rows: list) -> str:
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--edges", type=float, nargs="+", default=None,

@@ -1,6 +1,13 @@
 """Fixtures shared by the whole suite: fresh random seeds that are reported when a test fails."""
+import os
+
 import pytest
 import torch
+
+# A GPU kernel launched before it is compiled waits for its compile here, instead of computing with the portable
+# torch kernels meanwhile: the tests of the Triton kernels test those kernels (tests of the portable interim set
+# it themselves).
+os.environ.setdefault("SPARSE_ACCUMULATION_TRITON_WAIT", "1")
 
 
 @pytest.fixture
@@ -41,7 +48,6 @@ _warmup = None
 def pytest_collection_finish(session):
     global _warmup
     import importlib.util
-    import os
     import subprocess
     import sys
 

@@ -22,6 +22,7 @@ The timings (:data:`TIMINGS`), each for the forward and for the forward + backwa
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable, Iterable, Optional
@@ -31,6 +32,7 @@ import torch
 __all__ = [
     "TIMINGS", "EAGER_TIMINGS", "COMPILED_TIMINGS", "normalize_timings", "timing_unavailable", "unit",
     "synchronize", "elapsed_ms", "make_step", "compile_forward", "measure", "copy_bandwidth",
+    "compiled_kernels_only",
 ]
 
 TIMINGS = ("kernel", "call", "compiled", "reduce-overhead", "host")
@@ -41,6 +43,18 @@ COMPILED_TIMINGS = {"compiled": {"fullgraph": True},
                     "reduce-overhead": {"fullgraph": True, "mode": "reduce-overhead"}}
 _BATCH_SECONDS = 0.02  # a kernel or host batch runs about this long
 _MAX_BATCH = 100
+
+
+def compiled_kernels_only() -> None:
+    """From now on, in this process and its children, a GPU kernel launched before it is compiled waits for its
+    compile, instead of the call computing with the portable torch kernels meanwhile: for benchmarks, whose
+    checks and timings are of the compiled kernels (``benchmarks/cold_start.py`` measures the interim)."""
+    os.environ["SPARSE_ACCUMULATION_TRITON_WAIT"] = "1"
+    try:
+        from ..kernels.triton import launch
+    except ImportError:  # no triton: no GPU kernels to wait for
+        return
+    launch.WAIT_FOR_COMPILES = True
 
 
 def normalize_timings(names: Iterable[str]) -> tuple:

@@ -15,7 +15,7 @@ or ``mul2 mul_out`` numbers per component and row: 82 kB a row for ``64x2e x 64x
 out as the next product reads them.
 
 Memory: where the intermediates of all rows would take more than a budget (:func:`default_budget`: 256 MiB on
-the CPU, 1 GiB on a GPU; ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB`` sets another), the rows are computed in
+the CPU, a quarter of a GPU's memory; ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB`` sets another), the rows are computed in
 chunks that fit, and the backward computes each chunk's intermediates again instead of keeping them
 (:class:`_Recomputed`): the peak memory of a forward+backward is then one chunk's intermediates beside the inputs
 and outputs, instead of every row's (43 GB for 10^5 rows of the product above), for one more forward's arithmetic
@@ -29,6 +29,8 @@ Written with torch operations only (so every derivative and TorchScript come wit
 :func:`factored_product` reads (also under TorchScript).
 """
 from __future__ import annotations
+
+import functools
 
 import math
 import os
@@ -48,8 +50,24 @@ CHUNK_BYTES = int(float(os.environ.get("SPARSE_ACCUMULATION_FACTORED_CHUNK_MB", 
 
 def default_budget(device: torch.device) -> int:
     """The chunk budget in bytes for tensors on ``device`` when none is set: 256 MiB on the CPU (smaller chunks
-    were as fast there, and stay in the caches), 1 GiB elsewhere (larger chunks launch fewer kernels)."""
-    return 256 * 1048576 if device.type == "cpu" else 1024 * 1048576
+    were as fast there, and stay in the caches); on a GPU a quarter of its memory, at least 1 GiB (chunks
+    recompute their forward in the backward, so a product that fits keeps its intermediates and runs faster);
+    1 GiB under TorchScript and elsewhere."""
+    if device.type == "cpu":
+        return 256 * 1048576
+    if device.type == "cuda" and not torch.jit.is_scripting():
+        return max(1024 * 1048576, _quarter_of_gpu_memory(device))
+    return 1024 * 1048576
+
+
+@torch.jit.unused
+def _quarter_of_gpu_memory(device: torch.device) -> int:
+    return _gpu_memory(device.index if device.index is not None else torch.cuda.current_device()) // 4
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_memory(index: int) -> int:
+    return torch.cuda.get_device_properties(index).total_memory
 
 
 def factored_instructions(instructions, irreps_in1, irreps_in2, irreps_out) -> frozenset:

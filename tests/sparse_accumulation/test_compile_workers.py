@@ -160,6 +160,25 @@ def test_a_prefetched_compile_is_asked_of_a_worker_once_at_a_lower_priority(priv
     assert os.getpriority(os.PRIO_PROCESS, ahead.process.pid) == min(19, ours + executor.AHEAD_NICENESS)
 
 
+def test_an_urgent_compile_started_ahead_reports_when_it_is_on_disk(private_cache, monkeypatch):
+    executor = _executor()
+    asked = []
+    for pool, urgent in ((executor.pool, True), (executor.ahead_pool, False)):
+        monkeypatch.setattr(pool, "run", lambda job, original=pool.run, urgent=urgent: asked.append(urgent)
+                            or original(job))
+    call = _compile_call("sparse_accumulation_worker_started", 2, [])
+    futures = []
+    assert executor.prefetch_submit(call, urgent=True, futures=futures).exception() is not None
+    (started,) = futures
+    assert started.result(timeout=120)[0] == "ok" and asked == [True]
+    assert compile_workers._in_cache(compile_workers.describe(call))
+    again = []
+    executor.prefetch_submit(call, urgent=True, futures=again)
+    assert again == []  # on disk: nothing more to wait for
+    kernel = executor.submit(call).result()
+    assert asked == [True] and kernel.hash == call().hash
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
 def test_a_first_launch_on_cuda_compiles_in_workers_and_a_warm_one_starts_none(tmp_path):

@@ -96,6 +96,36 @@ def test_public_api_on_triton(generator, dtype):
         assert ((a.double() - b.double()).abs().max() / b.double().abs().max()).item() < tolerance
 
 
+@pytest.mark.parametrize("compiled_after", [None, 2])
+def test_while_the_kernels_compile_calls_run_on_the_portable_kernels(generator, monkeypatch, compiled_after):
+    """Kernels not compiled yet (``launch.ready`` False): the forward, the gradients and the second
+    derivatives are computed by the portable torch kernels and launch nothing; with the kernels ready after a
+    few calls, the rest of the same graph launches them: every result agrees with the reference."""
+    from sparse_accumulation.kernels.triton import launch
+
+    asked, launched = [], []
+    monkeypatch.setattr(launch, "ready", lambda kernel, grid, pointers, ints: asked.append(kernel) or (
+        compiled_after is not None and len(asked) > compiled_after))
+    original = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda *args, **kwargs: launched.append(args[0]) or original(*args,
+                                                                                                        **kwargs))
+    rule, C = weighted_rule()
+    nodes, edges = 6, 23
+    src, dst = (t.to(DEVICE) for t in random_graph(generator, nodes, edges))
+    X1, X2, W = (_rand(generator, *shape).requires_grad_() for shape in ((nodes, 4, 5), (edges, 1, 3), (edges, 4, 3)))
+    C = C.to(DEVICE)
+    ours = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes,
+                              implementation="triton")
+    theirs = reference(X1, X2, W, C, rule, (src, None, None, dst), nodes)
+    G = _rand(generator, *ours.shape)
+    first = [torch.autograd.grad(out, (X1, X2, W), G, create_graph=True) for out in (ours, theirs)]
+    second = [torch.autograd.grad(sum(g.square().sum() for g in grads), (X1, X2, W)) for grads in first]
+    for a, b in [(ours, theirs), *zip(*first), *zip(*second)]:
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert len(asked) >= 4  # forward, backward, and the second derivatives' calls each asked
+    assert len(launched) == (0 if compiled_after is None else len(asked) - compiled_after)
+
+
 @interpreted.cuda
 @pytest.mark.cuda
 def test_large_graph_on_cuda_matches_the_reference(generator):
@@ -118,3 +148,57 @@ def test_large_graph_on_cuda_matches_the_reference(generator):
     first = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes)
     assert torch.equal(first, sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst,
                                                  size_out=nodes))
+
+
+@interpreted.cuda
+@pytest.mark.cuda
+def test_a_first_call_on_cuda_runs_while_its_kernels_compile_then_launches_them(tmp_path):
+    """In a new process with empty kernel caches, a message-passing call and its gradients return at once
+    (computed by the portable kernels while the workers compile); calls after the compiles launch the kernels
+    and agree with the first."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import sys, time, torch
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        import sparse_accumulation as sa
+        from sparse_accumulation.kernels.triton import launch
+        from graph_helpers import random_graph, weighted_rule
+        g = torch.Generator().manual_seed(0)
+        rule, C = weighted_rule()
+        nodes, edges = 50, 2000
+        src, dst = (t.cuda() for t in random_graph(g, nodes, edges))
+        X1, X2, W = (torch.randn(*shape, generator=g, dtype=torch.float64).cuda().requires_grad_()
+                     for shape in ((nodes, 16, 5), (edges, 1, 3), (edges, 16, 3)))
+        C = C.to(torch.float64).cuda()
+
+        def call():
+            out = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes)
+            return [out, *torch.autograd.grad(out.square().sum(), (X1, X2, W))]
+
+        start = time.perf_counter()
+        first = call()
+        portable = launch.not_ready_calls
+        assert portable >= 2, portable
+        while True:
+            before = launch.not_ready_calls
+            later = call()
+            if launch.not_ready_calls == before:
+                break
+            assert time.perf_counter() - start < 300
+        for a, b in zip(first, later):
+            assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+        print(portable, len(launch._ready))
+    """)
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               SPARSE_ACCUMULATION_TRITON_CACHE=str(tmp_path / "sources"))
+    for name in ("SPARSE_ACCUMULATION_TRITON_WAIT", "SPARSE_ACCUMULATION_TRITON_COMPILE_WORKERS", "TRITON_INTERPRET"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    portable, ready = map(int, result.stdout.split())
+    assert portable >= 2 and ready >= 2
+    assert "compiling in the background" in result.stderr

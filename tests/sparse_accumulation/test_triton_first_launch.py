@@ -3,6 +3,7 @@ compile mode), the autotuner's state read under the kernel's lock, a note on std
 takes long, and the brief timing of a configuration. Stand-in kernels record what they are asked to do, so
 these run without a GPU; the timing itself needs one."""
 import threading
+from concurrent.futures import Future
 import time
 
 import pytest
@@ -153,3 +154,58 @@ def test_quick_bench_times_a_launch():
     assert 0 < low <= median_again <= high
     assert median > 0.01  # 64 MB read and written: tens of microseconds at least
     assert 4 <= len(calls) <= 52
+
+
+@pytest.fixture
+def background_compiles(monkeypatch):
+    """Compiles ahead of need possible (as with compile workers on a GPU machine); the compiles that
+    :func:`build.compiled` starts are recorded (kernel, ``urgent``, two futures that the test sets)."""
+    monkeypatch.setattr(launch, "_ready", set())
+    monkeypatch.setattr(launch, "_noted_background", threading.Event())
+    monkeypatch.setattr(launch, "WAIT_FOR_COMPILES", False)
+    monkeypatch.setattr(build, "_compiling", {})
+    monkeypatch.setattr(build, "prefetching", lambda: True)
+    started = []
+
+    def prefetch(kernel, args, grid, urgent=False):
+        started.append((kernel, urgent, [Future(), Future()]))
+        return started[-1][2]
+
+    monkeypatch.setattr(build, "prefetch", prefetch)
+    return started
+
+
+def test_a_kernel_not_compiled_yet_compiles_in_the_background_until_ready(background_compiles, capsys):
+    started = background_compiles
+    kernel = _Autotuned(_configs())
+    pointers, ints = [torch.zeros(3), torch.zeros(2)], [5]
+    assert not launch.ready(kernel, None, pointers, ints)
+    assert "compiling in the background" in capsys.readouterr().err
+    assert not launch.ready(kernel, None, pointers, ints)
+    assert [s[:2] for s in started] == [(kernel, True)]  # started once, at this process's priority
+    futures = started[0][2]
+    futures[0].set_result(("ok", "hash"))
+    assert not launch.ready(kernel, None, pointers, ints)  # one configuration still compiling
+    futures[1].set_result(None)  # a worker that failed: the launch compiles it here, as before
+    assert launch.ready(kernel, None, pointers, ints) and launch.ready(kernel, None, pointers, ints)
+    assert len(started) == 1 and capsys.readouterr().err == ""
+    # another dtype is another kernel to compile
+    assert not launch.ready(kernel, None, [p.double() for p in pointers], ints)
+    assert len(started) == 2
+
+
+def test_where_a_launch_must_wait_for_its_compile(background_compiles, monkeypatch):
+    started = background_compiles
+    pointers, ints = [torch.zeros(3)], [5]
+    with launch.compile_only():  # a prefetch: the launch itself only hands the kernel to workers
+        assert launch.ready(_Autotuned(_configs()), None, pointers, ints)
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
+    assert launch.ready(_Autotuned(_configs()), None, pointers, ints)  # the portable kernels add atomically
+    monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
+    monkeypatch.setattr(launch, "WAIT_FOR_COMPILES", True)
+    assert launch.ready(_Autotuned(_configs()), None, pointers, ints)
+    monkeypatch.setattr(launch, "WAIT_FOR_COMPILES", False)
+    monkeypatch.setattr(build, "prefetching", lambda: False)  # no workers: compiles cannot run ahead
+    monkeypatch.setattr(build, "prefetch", lambda *args, **kwargs: pytest.fail("nothing compiles ahead"))
+    assert launch.ready(_Autotuned(_configs()), None, pointers, ints)
+    assert started == []

@@ -181,6 +181,7 @@ def _compile_executor():
 def _forget_executor() -> None:
     global _executor
     _executor = None  # its threads do not exist in a forked child
+    _compiling.clear()  # nor the compiles they waited for
 
 
 if hasattr(os, "register_at_fork"):
@@ -201,15 +202,38 @@ def precompile(kernel, args, grid) -> None:
             fn.warmup(*args, grid=grid, **config.all_kwargs())
 
 
-def prefetch(kernel, args, grid) -> None:
+def prefetch(kernel, args, grid, urgent: bool = False) -> list:
     """Start compiling every configuration of the autotuned ``kernel`` for ``args`` in worker processes, and
-    return at once (see :meth:`.compile_workers.ProcessExecutor.prefetch`); nothing where compiles run in
-    threads or under the interpreter."""
+    return at once (see :meth:`.compile_workers.ProcessExecutor.prefetch`): the futures of the compiles started
+    (none for configurations already compiled); nothing where compiles run in threads or under the
+    interpreter."""
     fn = getattr(kernel, "fn", None)
     if not prefetching() or fn is None:
-        return
+        return []
     configs = getattr(kernel, "configs", ())
-    _compile_executor().prefetch(lambda: [fn.warmup(*args, grid=grid, **c.all_kwargs()) for c in configs])
+    return _compile_executor().prefetch(lambda: [fn.warmup(*args, grid=grid, **c.all_kwargs()) for c in configs],
+                                        urgent)
+
+
+#: (kernel, argument dtypes) -> futures of the compiles :func:`compiled` started for it
+_compiling = {}
+
+
+def compiled(kernel, args, grid) -> bool:
+    """Whether every configuration of ``kernel`` for ``args`` is compiled, so that a launch only loads and
+    times them. Where not, the first call starts compiling them in worker processes at this process's priority
+    (:func:`prefetch`) and every call returns False until they are done. True where compiles cannot run
+    ahead (no workers, the interpreter)."""
+    if not prefetching():
+        return True
+    key = (id(kernel), tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    futures = _compiling.get(key)
+    if futures is None:
+        with _lock:
+            futures = _compiling.get(key)
+            if futures is None:
+                futures = _compiling[key] = prefetch(kernel, args, grid, urgent=True)
+    return all(f.done() for f in futures)
 
 
 def prefetching() -> bool:

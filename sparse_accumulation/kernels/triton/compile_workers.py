@@ -183,6 +183,9 @@ class ProcessExecutor:
                                           thread_name_prefix="sparse_accumulation_triton_compile")
         self.prefetch_threads = ThreadPoolExecutor(max_workers=max(1, workers),
                                                    thread_name_prefix="sparse_accumulation_triton_prefetch")
+        # urgent compiles nobody waits on in a thread (see :meth:`prefetch`) ask workers from threads of their own
+        self.start_threads = ThreadPoolExecutor(max_workers=max(1, workers),
+                                                thread_name_prefix="sparse_accumulation_triton_start")
         self.enabled = True
         self.compiled_by_workers = 0
         self._jobs = {}
@@ -199,23 +202,39 @@ class ProcessExecutor:
         job = describe(compile_call)
         return None if job is None or _in_cache(job) else job
 
-    def _fill_cache(self, job, urgent: bool):
-        """A worker's answer to ``job``, asked once per job: later requests for it wait for that answer."""
+    def _claim(self, job):
+        """``(future, owner)``: the future of ``job``'s answer, and whether this caller asks the worker (the first
+        caller of a job does; later ones wait for its answer)."""
         key = _job_key(job)
         with self._lock:
             future = self._jobs.get(key)
-            owner = future is None
-            if owner:
-                future = self._jobs[key] = Future()
+            if future is not None:
+                return future, False
+            future = self._jobs[key] = Future()
+            return future, True
+
+    def _ask(self, job, urgent: bool, future: Future) -> None:
+        answer = None
+        try:
+            answer = (self.pool if urgent else self.ahead_pool).run(_wire(job))
+        except OSError:  # no worker could start: compile here from now on
+            self.enabled = False
+        finally:
+            future.set_result(answer)  # whatever happened, nobody waits for this job forever
+
+    def _fill_cache(self, job, urgent: bool):
+        """A worker's answer to ``job``, asked once per job: later requests for it wait for that answer."""
+        future, owner = self._claim(job)
         if owner:
-            answer = None
-            try:
-                answer = (self.pool if urgent else self.ahead_pool).run(_wire(job))
-            except OSError:  # no worker could start: compile here from now on
-                self.enabled = False
-            finally:
-                future.set_result(answer)  # whatever happened, nobody waits for this job forever
+            self._ask(job, urgent, future)
         return future.result()
+
+    def _start(self, job, urgent: bool) -> Future:
+        """Ask a worker for ``job`` without waiting (once per job); the future of its answer."""
+        future, owner = self._claim(job)
+        if owner:
+            (self.start_threads if urgent else self.prefetch_threads).submit(self._ask, job, urgent, future)
+        return future
 
     def _compile(self, compile_call):
         job = self._job(compile_call)
@@ -228,20 +247,26 @@ class ProcessExecutor:
                 self.enabled = False  # the worker's cache key differs from this process's: stop the double work
         return kernel
 
-    def prefetch(self, warmups) -> None:
+    def prefetch(self, warmups, urgent: bool = False) -> list:
         """Hand to workers, without waiting, the compiles that ``warmups()`` (calls of ``JITFunction.warmup``)
-        would make."""
+        would make; the futures of the workers' answers (none for kernels already compiled). ``urgent``:
+        compiled at this process's priority (someone waits for them), else below it."""
         if not self.enabled or _AsyncCompileMode is None:
-            return
-        with _AsyncCompileMode(_Recorder(self), ignore_errors=True):
+            return []
+        recorder = _Recorder(self, urgent)
+        with _AsyncCompileMode(recorder, ignore_errors=True):
             warmups()
+        return recorder.futures
 
-    def prefetch_submit(self, compile_call) -> Future:
-        """Hand ``compile_call``'s kernel to a worker without waiting; the future returned fails at once, so
-        that Triton keeps nothing in memory for the call (the kernel is loaded from disk when launched)."""
+    def prefetch_submit(self, compile_call, urgent: bool = False, futures=None) -> Future:
+        """Hand ``compile_call``'s kernel to a worker without waiting (its answer's future appended to
+        ``futures``); the future returned fails at once, so that Triton keeps nothing in memory for the call
+        (the kernel is loaded from disk when launched)."""
         job = self._job(compile_call)
         if job is not None:
-            self.prefetch_threads.submit(self._fill_cache, job, False)
+            started = self._start(job, urgent)
+            if futures is not None:
+                futures.append(started)
         future = Future()
         future.set_exception(_Prefetched())
         return future
@@ -250,12 +275,17 @@ class ProcessExecutor:
         """Wait for the compiles under way, then let the idle workers exit."""
         self.threads.shutdown(wait=True)
         self.prefetch_threads.shutdown(wait=True)
+        self.start_threads.shutdown(wait=True)
         self.pool.close_idle()
         self.ahead_pool.close_idle()
 
 
 class _Recorder:
-    """The executor of a prefetch (see :meth:`ProcessExecutor.prefetch_submit`)."""
+    """The executor of a prefetch (see :meth:`ProcessExecutor.prefetch_submit`); keeps the futures of the jobs
+    it started."""
 
-    def __init__(self, owner: ProcessExecutor):
-        self.submit = owner.prefetch_submit
+    def __init__(self, owner: ProcessExecutor, urgent: bool):
+        self.owner, self.urgent, self.futures = owner, urgent, []
+
+    def submit(self, compile_call) -> Future:
+        return self.owner.prefetch_submit(compile_call, self.urgent, self.futures)

@@ -4,6 +4,10 @@ the graph contract of :mod:`sparse_accumulation.kernels`, on kernels generated p
 Each call launches one generated kernel, autotuned over the rows a program handles (``BLOCK_R``) and its
 warps; the channels of a row are the other dimension of the program's tile. Results never depend on the
 configuration: the order of arithmetic is fixed by the generated source (atomic outputs excepted).
+
+While a kernel is first compiled (in worker processes), eager calls compute with the portable torch kernels of
+:mod:`..torch.graph` instead of waiting for it (see :func:`.launch.ready`): the first calls of a new kind cost
+milliseconds instead of seconds, and agree with the compiled kernels to rounding.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from .. import ATOMIC, accumulation_dtype
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
 
+    from ..torch import graph as portable
     from . import build, launch
     from .graph_source import Spec, kernel_source, next_pow2, parameters, segment_sum_source
 except Exception:  # pragma: no cover - depends on the environment
@@ -100,8 +105,13 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
         if indices[s] is not None:
             values[f"N{s}"] = (tensors[s].shape[0] if tensors[s] is not None else out_rows[s])
     ints = [values[n] for n in int_names]
-    launch.launch(kernel, lambda meta: (triton.cdiv(grid_rows, meta["BLOCK_R"]),), pointers, ints,
-                  device=operand.device, traceable=traceable, tuning=ints[-1],
+
+    def grid(meta):
+        return (triton.cdiv(grid_rows, meta["BLOCK_R"]),)
+
+    if not traceable and not launch.ready(kernel, grid, pointers, ints):
+        return portable.run(crule, tensors, indices, outputs, C, edges=edges, segments=segments, hoisted=hoisted)
+    launch.launch(kernel, grid, pointers, ints, device=operand.device, traceable=traceable, tuning=ints[-1],
                   small=all(v <= _INT32_LIMIT for v in ints))
     return tuple(results[slot] for slot, _, _ in outputs)
 
@@ -127,9 +137,14 @@ def segment_sum(Z, segments, rows: int, traceable: bool = False):
 
     kernel = build.cached(("segment_sum", acc, order is not None), make)
     pointers = [Z, offsets] + ([order] if order is not None else []) + [out]
-    launch.launch(kernel, lambda meta: (rows, triton.cdiv(Z.shape[1], meta["BLOCK_C"])), pointers,
-                  [Z.shape[1], Z.stride(0), out.stride(0)], device=Z.device, traceable=traceable,
-                  small=Z.numel() < _INT32_LIMIT)
+    ints = [Z.shape[1], Z.stride(0), out.stride(0)]
+
+    def grid(meta):
+        return (rows, triton.cdiv(Z.shape[1], meta["BLOCK_C"]))
+
+    if not traceable and not launch.ready(kernel, grid, pointers, ints):
+        return portable.segment_sum(Z, segments, rows)
+    launch.launch(kernel, grid, pointers, ints, device=Z.device, traceable=traceable, small=Z.numel() < _INT32_LIMIT)
     return out
 
 

@@ -187,6 +187,43 @@ def compiling_only() -> bool:
     return getattr(_mode, "compile_only", False)
 
 
+#: ``SPARSE_ACCUMULATION_TRITON_WAIT=1``: a launch whose kernel is not compiled yet waits for it (see :func:`ready`)
+WAIT_FOR_COMPILES = os.environ.get("SPARSE_ACCUMULATION_TRITON_WAIT", "0").strip().lower() in build._TRUE
+#: (kernel, pointer dtypes) found compiled: :func:`ready` is a set lookup for them
+_ready = set()
+#: how many times :func:`ready` said "not yet" in this process
+not_ready_calls = 0
+_noted_background = threading.Event()
+
+
+def ready(kernel, grid, pointers, ints) -> bool:
+    """Whether :func:`launch` of ``kernel`` with these arguments would run without compiling first.
+
+    Where it would compile, the first call starts the compiles in worker processes and this returns False
+    until they are done, so that the caller can compute otherwise (with the portable torch kernels) instead of
+    waiting, and launch the compiled kernel from the first call after. True, whatever the cache holds, where
+    that cannot or must not happen: inside :func:`compile_only`, during CUDA graph capture (the other kernels
+    could not be replayed as captured), with deterministic algorithms on (the portable kernels add atomically),
+    without compile workers (threads, the interpreter), or with ``SPARSE_ACCUMULATION_TRITON_WAIT=1``."""
+    global not_ready_calls
+    key = (id(kernel), pointers[0].dtype, pointers[-1].dtype)
+    if key in _ready:
+        return True
+    if (WAIT_FOR_COMPILES or compiling_only() or not build.prefetching()
+            or torch.are_deterministic_algorithms_enabled()
+            or (pointers[0].is_cuda and torch.cuda.is_current_stream_capturing())):
+        return True
+    if build.compiled(kernel, list(pointers) + list(ints), grid):
+        _ready.add(key)
+        return True
+    not_ready_calls += 1
+    if not _noted_background.is_set():
+        _noted_background.set()
+        print("sparse_accumulation: GPU kernels compiling in the background (kept in Triton's disk cache for later "
+              "runs); meanwhile the first calls run on slower portable kernels", file=sys.stderr, flush=True)
+    return False
+
+
 def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None, small=True) -> None:
     """Launch ``kernel`` (a generated kernel behind a ``triton.autotune`` of its configurations) on ``grid``.
 
