@@ -15,8 +15,8 @@ or ``mul2 mul_out`` numbers per component and row: 82 kB a row for ``64x2e x 64x
 out as the next product reads them.
 
 Memory: where the intermediates of all rows would take more than a budget (:func:`default_budget`: 256 MiB on
-the CPU, a quarter of a GPU's memory; ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB`` sets another), the rows are computed in
-chunks that fit, and the backward computes each chunk's intermediates again instead of keeping them
+the CPU, a quarter of a GPU's memory; ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB`` sets another), the rows are
+computed in chunks that fit, and the backward computes each chunk's intermediates again instead of keeping them
 (:class:`_Recomputed`): the peak memory of a forward+backward is then one chunk's intermediates beside the inputs
 and outputs, instead of every row's (43 GB for 10^5 rows of the product above), for one more forward's arithmetic
 in the backward. Smaller products keep their
@@ -31,7 +31,6 @@ Written with torch operations only (so every derivative and TorchScript come wit
 from __future__ import annotations
 
 import functools
-
 import math
 import os
 from typing import List

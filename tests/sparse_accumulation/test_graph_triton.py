@@ -153,9 +153,9 @@ def test_large_graph_on_cuda_matches_the_reference(generator):
 @interpreted.cuda
 @pytest.mark.cuda
 def test_a_first_call_on_cuda_runs_while_its_kernels_compile_then_launches_them(tmp_path):
-    """In a new process with empty kernel caches, a message-passing call and its gradients return at once
-    (computed by the portable kernels while the workers compile); calls after the compiles launch the kernels
-    and agree with the first."""
+    """In a new process with empty kernel caches, a message-passing call, an ``accumulate`` call and their
+    gradients return at once (computed by the portable kernels while the workers compile); calls after the
+    compiles launch the kernels and agree with the first."""
     import os
     import subprocess
     import sys
@@ -174,10 +174,13 @@ def test_a_first_call_on_cuda_runs_while_its_kernels_compile_then_launches_them(
         X1, X2, W = (torch.randn(*shape, generator=g, dtype=torch.float64).cuda().requires_grad_()
                      for shape in ((nodes, 16, 5), (edges, 1, 3), (edges, 16, 3)))
         C = C.to(torch.float64).cuda()
+        m1, m2, mu, C_op = sa.get_cg_transformation_rule(3, 3, 3, dtype=torch.float64, device="cuda")
+        A, B = (torch.randn(500, 8, 7, generator=g, dtype=torch.float64).cuda().requires_grad_() for _ in range(2))
 
         def call():
             out = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes)
-            return [out, *torch.autograd.grad(out.square().sum(), (X1, X2, W))]
+            op = sa.accumulate(A, B, mu, 7, m1, m2, C_op)
+            return [out, op, *torch.autograd.grad(out.square().sum() + op.square().sum(), (X1, X2, W, A, B))]
 
         start = time.perf_counter()
         first = call()

@@ -478,3 +478,30 @@ def test_gpu_fast_launch_equals_public_launch(monkeypatch):
     for slow_run, fast_run in zip(results[False], results[True]):
         for a, b in zip(slow_run, fast_run):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("compiled_after", [None, 1])
+def test_while_the_kernels_compile_calls_run_on_the_portable_kernels(generator, monkeypatch, compiled_after):
+    """Kernels not compiled yet (``launch.ready`` False): ``accumulate``'s output, its gradients (C's included)
+    and their gradients come from the portable torch kernels, launching nothing; with the kernels ready after
+    the first call the rest launches them; every result equals the numba kernels'."""
+    asked, launched = [], []
+    monkeypatch.setattr(launch, "ready", lambda kernel, grid, pointers, ints: asked.append(kernel) or (
+        compiled_after is not None and len(asked) > compiled_after))
+    original = launch._public_or_first
+    monkeypatch.setattr(launch, "_public_or_first", lambda kernel, *args: launched.append(kernel) or original(
+        kernel, *args))
+    m1, m2, mu, C = sa.get_cg_transformation_rule(2, 1, 2, dtype=torch.float64)
+    X1, X2 = (torch.randn(9, 3, 2 * l + 1, generator=generator, dtype=torch.float64) for l in (2, 1))
+    found = {}
+    for name, device in (("numba", "cpu"), ("triton", DEVICE)):
+        inputs = [t.to(device).requires_grad_() for t in (X1, X2, C)]
+        out = sa.accumulate(inputs[0], inputs[1], mu.to(device), 5, m1.to(device), m2.to(device), inputs[2],
+                            implementation=name)
+        first = torch.autograd.grad(out.square().sum(), inputs, create_graph=True)
+        second = torch.autograd.grad(sum(g.square().sum() for g in first), inputs)
+        found[name] = [t.detach().cpu() for t in (out, *first, *second)]
+    for a, b in zip(found["triton"], found["numba"]):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert len(asked) >= 3
+    assert len(launched) == (0 if compiled_after is None else len(asked) - compiled_after)

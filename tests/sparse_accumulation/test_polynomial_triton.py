@@ -139,3 +139,36 @@ def test_every_channel_count_compiles_and_equals_numba_on_cuda(generator, channe
         found.append([t.detach().cpu() for t in (out, grad, second)])
     for a, b in zip(found[1], found[0]):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("compiled_after", [None, 1])
+def test_while_the_kernels_compile_calls_run_on_the_portable_kernels(generator, monkeypatch, compiled_after):
+    """Kernels not compiled yet (``launch.ready`` False): the module's output, gradients and second derivatives
+    come from the portable torch kernels, launching nothing; with the kernels ready after the first call the rest
+    launches them; every result equals the numba kernels'."""
+    from sparse_accumulation.kernels.triton import launch
+
+    asked, launched = [], []
+    monkeypatch.setattr(launch, "ready", lambda kernel, grid, pointers, ints: asked.append(kernel) or (
+        compiled_after is not None and len(asked) > compiled_after))
+    original = launch.launch
+    monkeypatch.setattr(launch, "launch", lambda *args, **kwargs: launched.append(args[0]) or original(*args,
+                                                                                                        **kwargs))
+    modules = {name: SymmetricContraction("2x0e+2x1o", "2x0e+2x1o", 2, num_elements=2, dtype=torch.float64,
+                                          implementation=name) for name in ("numba", "triton")}
+    modules["triton"].load_state_dict(modules["numba"].state_dict())
+    modules["triton"].to(DEVICE)
+    x = torch.randn(7, 2, 4, generator=generator, dtype=torch.float64)
+    elements = torch.randint(0, 2, (7,), generator=generator)
+    found = {}
+    for name, module in modules.items():
+        device = next(module.parameters()).device
+        xs = x.to(device).requires_grad_()
+        out = module(xs, elements.to(device))
+        gx, *gw = torch.autograd.grad(out.square().sum(), [xs, *module.parameters()], create_graph=True)
+        second = torch.autograd.grad(gx.square().sum(), [xs, *module.parameters()])
+        found[name] = [t.detach().cpu() for t in (out, gx, *gw, *second)]
+    for a, b in zip(found["triton"], found["numba"]):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert len(asked) >= 3
+    assert len([k for k in launched if k in asked]) == (0 if compiled_after is None else len(asked) - compiled_after)

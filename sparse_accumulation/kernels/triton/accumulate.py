@@ -19,6 +19,9 @@ power of two up to :data:`~.triton.configs.SUMMED_INNER_MAX`) itself, in registe
 columns move between memory and registers: ``"auto"`` (pieces loads; tile or pieces stores, autotuned),
 ``"tile"``, ``"pieces"``, ``"columns"`` or ``"loads+stores"`` (see :mod:`.triton.source`).
 
+Eager calls whose kernels are still compiling (in worker processes) compute with the portable torch kernels of
+:mod:`..torch.accumulate` meanwhile (:func:`.launch.portable_meanwhile`).
+
 Measured on an H200 (triton 3.6, fp32, 1000 x 2000 rows, real CG 8x8->8; copy-bandwidth floor 0.097 ms):
 forward 0.166 ms with ``"auto"``, fused input gradients 0.31 ms, dC 0.32 ms; see ``benchmarks/RESULTS.md``.
 """
@@ -34,6 +37,7 @@ from .. import accumulation_dtype, layout, memo
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
 
+    from ..torch import accumulate as portable
     from . import accumulate_source as source, build, configs, launch
     _TRITON_IMPORT_ERROR = None
 except Exception as error:  # pragma: no cover - depends on the environment
@@ -190,9 +194,18 @@ def _forward(operands, folded, C, rule, rows, strategy, traceable):
 def accumulate(X1, X2, W, C, rule, rows, strategy=None, traceable=False):
     """``out[..., mu[k]] += X1[m1[k]] * X2[m2[k]] * W[w[k]] * C[k]``; see :mod:`sparse_accumulation.kernels`.
 
-    ``traceable``: launch through ``torch.library.wrap_triton`` (inside a registered op being traced)."""
+    ``traceable``: launch through ``torch.library.wrap_triton`` (inside a registered op being traced). An eager
+    call whose kernel is still compiling computes with the portable kernels (:func:`.launch.portable_meanwhile`).
+    """
     operands = [X1, X2] if W is None else [X1, X2, W]
-    return _forward(operands, rows.operands, C, rule, rows, _check_strategy(strategy), traceable)
+    strategy = _check_strategy(strategy)
+    if traceable:
+        return _forward(operands, rows.operands, C, rule, rows, strategy, traceable)
+    try:
+        with launch.portable_meanwhile():
+            return _forward(operands, rows.operands, C, rule, rows, strategy, traceable)
+    except launch.NotCompiled:
+        return portable.accumulate(X1, X2, W, C, rule, rows)
 
 
 def _summed_dims(t, f, rows):
@@ -285,8 +298,19 @@ def accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1=True, want_x2=True,
     """Gradients ``(dX1, dX2, dW, dC)`` (``None`` where not wanted); see :mod:`sparse_accumulation.kernels`.
 
     For narrow rules the wanted input gradients come from one kernel (G and the operands read once); for
-    wider ones, and for a single one, each is the forward kernel of the swapped rule; dC has its own kernel.
+    wider ones, and for a single one, each is the forward kernel of the swapped rule; dC has its own kernel. An
+    eager call one of whose kernels is still compiling computes with the portable kernels.
     """
+    if not traceable:
+        try:
+            with launch.portable_meanwhile():
+                return _backward(G, X1, X2, W, C, rule, rows, want_x1, want_x2, want_w, want_c, traceable)
+        except launch.NotCompiled:
+            return portable.accumulate_backward(G, X1, X2, W, C, rule, rows, want_x1, want_x2, want_w, want_c)
+    return _backward(G, X1, X2, W, C, rule, rows, want_x1, want_x2, want_w, want_c, traceable)
+
+
+def _backward(G, X1, X2, W, C, rule, rows, want_x1, want_x2, want_w, want_c, traceable):
     operands = [X1, X2] if W is None else [X1, X2, W]
     wanted = (want_x1, want_x2, want_w and W is not None)
     widths = [t.shape[-1] for t in operands] + [rule.output_size]

@@ -224,6 +224,28 @@ def ready(kernel, grid, pointers, ints) -> bool:
     return False
 
 
+class NotCompiled(Exception):
+    """Raised by a launch inside :func:`portable_meanwhile` whose kernel is still compiling."""
+
+
+@contextlib.contextmanager
+def portable_meanwhile():
+    """Within it, a launch (:func:`launch`, :class:`Call`) whose kernel is not compiled yet starts its compile
+    and raises :class:`NotCompiled` instead of waiting (see :func:`ready`): the caller, which wrote nothing but
+    new outputs, computes the call with the portable kernels instead."""
+    previous = getattr(_mode, "portable", False)
+    _mode.portable = True
+    try:
+        yield
+    finally:
+        _mode.portable = previous
+
+
+def _raise_if_compiling(kernel, grid, pointers, ints) -> None:
+    if getattr(_mode, "portable", False) and not ready(kernel, grid, pointers, ints):
+        raise NotCompiled()
+
+
 def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None, small=True) -> None:
     """Launch ``kernel`` (a generated kernel behind a ``triton.autotune`` of its configurations) on ``grid``.
 
@@ -244,6 +266,7 @@ def launch(kernel, grid, pointers, ints, *, device, traceable=False, tuning=None
     if compiling_only():
         build.prefetch(kernel, pointers + ints, grid)
         return
+    _raise_if_compiling(kernel, grid, pointers, ints)
     _public_or_first(kernel, grid, pointers, ints, device, tuning, small)
 
 
@@ -265,6 +288,8 @@ class Call:
         if compiling_only():
             build.prefetch(self.kernel, list(pointers) + list(self.ints), self.grid)
             return
+        if not self.fast:
+            _raise_if_compiling(self.kernel, self.grid, pointers, self.ints)
         if FAST_LAUNCH and self.fast and not _hooks_active():
             index = torch._C._cuda_getDevice()
             known = self.fast.get((index, _alignment(pointers)))

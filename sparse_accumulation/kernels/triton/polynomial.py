@@ -7,7 +7,7 @@ element outputs (larger tiles, walked ``ELEMENT_SUB`` nodes at a time), whose pe
 summed over each element's tiles in order (:func:`.triton_graph.segment_sum`): deterministic, no atomics. Both
 are persistent (a few programs per multiprocessor, each with its slice of a scratch buffer).
 Outputs whose terms have more than one element factor (no program of this library makes them) run on the
-plain torch kernels.
+plain torch kernels, as do eager calls while their kernel compiles (:func:`.launch.ready`).
 """
 from __future__ import annotations
 
@@ -73,7 +73,9 @@ def _device_tables(program, outputs: tuple, found, device, dtype) -> tuple:
         torch.as_tensor(found.ints, device=device), torch.as_tensor(found.coefficients, dtype=dtype, device=device)))
 
 
-def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int, traceable: bool) -> None:
+def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int, traceable: bool) -> bool:
+    """Launch the kernel of ``outputs`` into ``targets``; False (nothing launched) where an eager call's kernel
+    is still compiling (:func:`.launch.ready`)."""
     operand = tensors[0]
     dtype = accumulation_dtype(operand.dtype)
     acc = "tl.float64" if dtype == torch.float64 else "tl.float32"
@@ -92,8 +94,15 @@ def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int
     pointers = [available[n] for n in pointer_names]
     ints = [values[n] for n in int_names]
     largest = max([t.numel() for t in tensors] + [t.numel() for t in targets.values()] + [scratch.numel()])
-    launch.launch(kernel, lambda meta: (programs,), pointers, ints, device=operand.device,
-                  traceable=traceable, tuning=ints[-1], small=largest <= _INT32_LIMIT)
+
+    def grid(meta):
+        return (programs,)
+
+    if not traceable and not launch.ready(kernel, grid, pointers, ints):
+        return False
+    launch.launch(kernel, grid, pointers, ints, device=operand.device, traceable=traceable, tuning=ints[-1],
+                  small=largest <= _INT32_LIMIT)
+    return True
 
 
 def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
@@ -112,8 +121,9 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
     for j in lane:
         slot = program.outputs[j]
         results[j] = (operand.new_empty if slot.map.covers(B) and N else operand.new_zeros)((N, slot.width))
-    if lane and N:
-        _launch(program, tensors, elements, lane, {j: results[j] for j in lane}, LANE_SUB, traceable)
+    if lane and N and not _launch(program, tensors, elements, lane, {j: results[j] for j in lane}, LANE_SUB,
+                                  traceable):
+        results.update(zip(lane, torch_polynomial.run(program, tensors, elements, lane)))
     if element:
         rows = element_tile_rows(N)
         table, offsets = elements.tiles(rows)
@@ -121,10 +131,11 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
         for j in element:
             slot = program.outputs[j]
             partial[j] = (operand.new_empty if slot.map.covers(B) else operand.new_zeros)((table.shape[1], slot.width))
-        if N:
-            _launch(program, tensors, elements, element, partial, rows, traceable)
-        for j in element:
-            results[j] = segment_sum(partial[j], (offsets, None), E, traceable=traceable)
+        if N and not _launch(program, tensors, elements, element, partial, rows, traceable):
+            results.update(zip(element, torch_polynomial.run(program, tensors, elements, element)))
+        else:
+            for j in element:
+                results[j] = segment_sum(partial[j], (offsets, None), E, traceable=traceable)
     return tuple(results[j] for j in outputs)
 
 
