@@ -199,6 +199,9 @@ def test_where_a_launch_must_wait_for_its_compile(background_compiles, monkeypat
     pointers, ints = [torch.zeros(3)], [5]
     with launch.compile_only():  # a prefetch: the launch itself only hands the kernel to workers
         assert launch.ready(_Autotuned(_configs()), None, pointers, ints)
+    monkeypatch.setattr(launch, "_capturing_or_warming_up", lambda tensor: True)  # a capture, or a side stream
+    assert launch.ready(_Autotuned(_configs()), None, pointers, ints)
+    monkeypatch.setattr(launch, "_capturing_or_warming_up", lambda tensor: False)
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: True)
     assert launch.ready(_Autotuned(_configs()), None, pointers, ints)  # the portable kernels add atomically
     monkeypatch.setattr(torch, "are_deterministic_algorithms_enabled", lambda: False)
@@ -209,3 +212,18 @@ def test_where_a_launch_must_wait_for_its_compile(background_compiles, monkeypat
     monkeypatch.setattr(build, "prefetch", lambda *args, **kwargs: pytest.fail("nothing compiles ahead"))
     assert launch.ready(_Autotuned(_configs()), None, pointers, ints)
     assert started == []
+
+
+def test_a_first_launch_under_capture_runs_the_first_configuration_untuned(monkeypatch):
+    """Timing runs cannot be captured in a CUDA graph: a kernel first launched under capture runs its first
+    configuration, and is tuned at its first launch outside the capture."""
+    monkeypatch.setattr(build, "precompile", lambda kernel, args, grid: None)
+    kernel = _Autotuned(_configs())
+    untuned = []
+    kernel.fn.run = lambda *args, grid, warmup, **kwargs: untuned.append(kwargs) or "untuned"
+    monkeypatch.setattr(launch, "_capturing", lambda tensor: True)
+    assert launch._run_locked(kernel, lambda meta: (1,), [torch.zeros(2), 21], 21) == ("untuned", None)
+    assert [k["BLOCK_R"] for k in untuned] == [32] and kernel.runs == []
+    monkeypatch.setattr(launch, "_capturing", lambda tensor: False)
+    compiled, config = launch._run_locked(kernel, lambda meta: (1,), [torch.zeros(2), 21], 21)
+    assert compiled == "compiled 1" and config is kernel.best_config and len(untuned) == 1

@@ -12,6 +12,10 @@
   :mod:`.build`), so only the pointers' dtypes and alignment, and the integers' 32-bit range, decide which
   compiled kernel applies.
 
+An eager launch whose kernel is not compiled yet need not wait: :func:`ready` starts its compile in worker
+processes and tells the caller to compute with the portable torch kernels meanwhile (:func:`portable_meanwhile`
+does the same by raising :class:`NotCompiled`).
+
 The fast launch uses Triton internals (``CompiledKernel.run``, ``function``, ``packed_metadata``,
 ``Autotuner.best_config``, ``triton.knobs``); they are touched only here. Where one is missing (the
 interpreter, another Triton), where a launch hook is installed (profilers), or with
@@ -103,6 +107,11 @@ def _run_locked(kernel, grid, args, tuning) -> tuple:
     with _kernel_lock(kernel):
         if key in _launched:
             return kernel.run(*args, grid=grid, warmup=False), getattr(kernel, "best_config", None)
+        if _capturing(args[0]):
+            # timing runs cannot be captured: the first configuration (the best guess) runs untuned, and the
+            # kernel is tuned at its first launch outside a capture
+            build.precompile(kernel, args, grid)
+            return kernel.fn.run(*args, grid=grid, warmup=False, **kernel.configs[0].all_kwargs()), None
         timer = None if _noted.is_set() else threading.Timer(NOTE_AFTER_SECONDS, _note_compiling)
         if timer is not None:
             timer.daemon = True
@@ -144,10 +153,10 @@ def _public_or_first(kernel, grid, pointers, ints, device, tuning, small):
     plan = _plans.get(key)
     if plan is None:
         plan = _make_plan(kernel, grid, pointers + ints, device, tuning)
-        if plan is None:
-            _unsupported.add(id(kernel))
-        else:
+        if plan is not None:
             _plans.setdefault(key, plan)
+        elif not _capturing(pointers[0]):  # an untuned launch under capture makes no plan yet
+            _unsupported.add(id(kernel))
         return None
     _launch_plan(plan, grid(plan.meta), index, pointers, ints)
     return plan
@@ -196,22 +205,34 @@ not_ready_calls = 0
 _noted_background = threading.Event()
 
 
+def _capturing(tensor) -> bool:
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _capturing_or_warming_up(tensor) -> bool:
+    """Under CUDA graph capture, or on a stream other than the device's default one."""
+    if not tensor.is_cuda:
+        return False
+    return (torch.cuda.is_current_stream_capturing()
+            or torch.cuda.current_stream(tensor.device) != torch.cuda.default_stream(tensor.device))
+
+
 def ready(kernel, grid, pointers, ints) -> bool:
     """Whether :func:`launch` of ``kernel`` with these arguments would run without compiling first.
 
     Where it would compile, the first call starts the compiles in worker processes and this returns False
     until they are done, so that the caller can compute otherwise (with the portable torch kernels) instead of
     waiting, and launch the compiled kernel from the first call after. True, whatever the cache holds, where
-    that cannot or must not happen: inside :func:`compile_only`, during CUDA graph capture (the other kernels
-    could not be replayed as captured), with deterministic algorithms on (the portable kernels add atomically),
-    without compile workers (threads, the interpreter), or with ``SPARSE_ACCUMULATION_TRITON_WAIT=1``."""
+    that cannot or must not happen: inside :func:`compile_only`; during CUDA graph capture (the portable kernels
+    cannot be captured) and on a side stream, where captures are warmed up (torch asks for that), so that a
+    capture meets tuned kernels; with deterministic algorithms on (the portable kernels add atomically);
+    without compile workers (threads, the interpreter); with ``SPARSE_ACCUMULATION_TRITON_WAIT=1``."""
     global not_ready_calls
     key = (id(kernel), pointers[0].dtype, pointers[-1].dtype)
     if key in _ready:
         return True
     if (WAIT_FOR_COMPILES or compiling_only() or not build.prefetching()
-            or torch.are_deterministic_algorithms_enabled()
-            or (pointers[0].is_cuda and torch.cuda.is_current_stream_capturing())):
+            or torch.are_deterministic_algorithms_enabled() or _capturing_or_warming_up(pointers[0])):
         return True
     if build.compiled(kernel, list(pointers) + list(ints), grid):
         _ready.add(key)
