@@ -144,12 +144,18 @@ def test_the_worker_script_imports_neither_torch_nor_this_package():
     assert out.strip() == "[]"
 
 
-def test_a_prefetched_compile_is_asked_of_a_worker_once_at_a_lower_priority(private_cache, monkeypatch):
-    executor = _executor()
+def _asks_recorded(executor, monkeypatch) -> list:
+    """The ``urgent`` flag of each job the executor's pools are asked for, in order."""
     asked = []
     for pool, urgent in ((executor.pool, True), (executor.ahead_pool, False)):
         monkeypatch.setattr(pool, "run", lambda job, original=pool.run, urgent=urgent: asked.append(urgent)
                             or original(job))
+    return asked
+
+
+def test_a_prefetched_compile_is_asked_of_a_worker_once_at_a_lower_priority(private_cache, monkeypatch):
+    executor = _executor()
+    asked = _asks_recorded(executor, monkeypatch)
     call = _compile_call("sparse_accumulation_worker_prefetched", 2, [])
     failed = executor.prefetch_submit(call)
     assert failed.exception() is not None  # to Triton, the prefetched call compiled nothing here
@@ -162,10 +168,7 @@ def test_a_prefetched_compile_is_asked_of_a_worker_once_at_a_lower_priority(priv
 
 def test_an_urgent_compile_started_ahead_reports_when_it_is_on_disk(private_cache, monkeypatch):
     executor = _executor()
-    asked = []
-    for pool, urgent in ((executor.pool, True), (executor.ahead_pool, False)):
-        monkeypatch.setattr(pool, "run", lambda job, original=pool.run, urgent=urgent: asked.append(urgent)
-                            or original(job))
+    asked = _asks_recorded(executor, monkeypatch)
     call = _compile_call("sparse_accumulation_worker_started", 2, [])
     futures = []
     assert executor.prefetch_submit(call, urgent=True, futures=futures).exception() is not None

@@ -260,55 +260,24 @@ def test_runs_on_the_current_stream(generator):
     assert torch.equal(out, expected)
 
 
-def test_cuda_graph_replay_of_forward_and_backward(generator):
+@pytest.mark.parametrize("warm_up_on, compiling", [("side stream", False), ("side stream", True),
+                                                    ("default stream", True)])
+def test_cuda_graph_replay_of_forward_and_backward(generator, monkeypatch, warm_up_on, compiling):
     """A forward+backward step captured in a CUDA graph replays the kernels on new input values and matches
-    the float64 reference."""
+    the float64 reference. Warmed up on a side stream, as torch asks (autotuning and launch plans off the
+    capture), also with the kernels still compiling then: the warm-up waits for them. Warmed up on the default
+    stream while they compile, it runs on the portable kernels, and the capture launches them untuned."""
+    from sparse_accumulation.kernels.triton import build, launch
+
+    if compiling:
+        monkeypatch.setattr(launch, "WAIT_FOR_COMPILES", False)
+        monkeypatch.setattr(build, "compiled", lambda kernel, args, grid: False)  # every kernel "still compiling"
+    before = launch.not_ready_calls
     (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float32, lead=(500, 2))
     rule = sa.Rule(m1, m2, mu, O, input_sizes=(X1.shape[-1], X2.shape[-1]))
     X1.requires_grad_()
     X2.requires_grad_()
     G = torch.randn(500, 2, O, device="cuda")
-
-    def step():
-        out = sa.accumulate_rule(X1, X2, rule, C)
-        return (out,) + torch.autograd.grad(out, (X1, X2), G)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (autotuning, launch plans) off the capture, as torch requires
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    with torch.no_grad():
-        X1.copy_(torch.randn(X1.shape, generator=generator).cuda())
-        X2.copy_(torch.randn(X2.shape, generator=generator).cuda())
-    graph.replay()
-    torch.cuda.synchronize()
-    exact = [t.detach().double().requires_grad_() for t in (X1, X2)]
-    out = _reference(exact[0], exact[1], rule, C.double())
-    expected = (out,) + torch.autograd.grad(out, exact, G.double())
-    for got, want in zip(captured, expected):
-        assert_close_to(got, want.detach(), torch.float32)
-
-
-@pytest.mark.parametrize("warm_up_on", ["side stream", "default stream"])
-def test_cuda_graph_capture_after_a_warm_up_while_kernels_compile(generator, monkeypatch, warm_up_on):
-    """Kernels still compiling when a capture is warmed up: on a side stream (as torch asks) the warm-up waits
-    for them and tunes them; on the default stream it runs on the portable kernels, and the capture then launches
-    the compiled kernels untuned. Either way the replay matches the float64 reference."""
-    from sparse_accumulation.kernels.triton import build, launch
-
-    monkeypatch.setattr(launch, "WAIT_FOR_COMPILES", False)
-    monkeypatch.setattr(build, "compiled", lambda kernel, args, grid: False)  # every kernel "still compiling"
-    before = launch.not_ready_calls
-    (X1, X2, mu, m1, m2, C), O = _problem(generator, torch.float32, lead=(300, 2))
-    rule = sa.Rule(m1, m2, mu, O, input_sizes=(X1.shape[-1], X2.shape[-1]))
-    X1.requires_grad_()
-    X2.requires_grad_()
-    G = torch.randn(300, 2, O, device="cuda")
 
     def step():
         out = sa.accumulate_rule(X1, X2, rule, C)

@@ -180,15 +180,20 @@ _mode = threading.local()
 
 
 @contextlib.contextmanager
-def compile_only():
-    """Within it, launches launch nothing: each hands its kernel's compiles to worker processes
-    (:func:`.build.prefetch`) and returns at once. Outputs are then never written."""
-    previous = getattr(_mode, "compile_only", False)
-    _mode.compile_only = True
+def _mode_set(name: str):
+    """A context in which this thread's launch mode ``name`` is on."""
+    previous = getattr(_mode, name, False)
+    setattr(_mode, name, True)
     try:
         yield
     finally:
-        _mode.compile_only = previous
+        setattr(_mode, name, previous)
+
+
+def compile_only():
+    """Within it, launches launch nothing: each hands its kernel's compiles to worker processes
+    (:func:`.build.prefetch`) and returns at once. Outputs are then never written."""
+    return _mode_set("compile_only")
 
 
 def compiling_only() -> bool:
@@ -211,10 +216,8 @@ def _capturing(tensor) -> bool:
 
 def _capturing_or_warming_up(tensor) -> bool:
     """Under CUDA graph capture, or on a stream other than the device's default one."""
-    if not tensor.is_cuda:
-        return False
-    return (torch.cuda.is_current_stream_capturing()
-            or torch.cuda.current_stream(tensor.device) != torch.cuda.default_stream(tensor.device))
+    return _capturing(tensor) or (tensor.is_cuda and torch.cuda.current_stream(tensor.device)
+                                  != torch.cuda.default_stream(tensor.device))
 
 
 def ready(kernel, grid, pointers, ints) -> bool:
@@ -249,17 +252,11 @@ class NotCompiled(Exception):
     """Raised by a launch inside :func:`portable_meanwhile` whose kernel is still compiling."""
 
 
-@contextlib.contextmanager
 def portable_meanwhile():
     """Within it, a launch (:func:`launch`, :class:`Call`) whose kernel is not compiled yet starts its compile
     and raises :class:`NotCompiled` instead of waiting (see :func:`ready`): the caller, which wrote nothing but
     new outputs, computes the call with the portable kernels instead."""
-    previous = getattr(_mode, "portable", False)
-    _mode.portable = True
-    try:
-        yield
-    finally:
-        _mode.portable = previous
+    return _mode_set("portable")
 
 
 def _raise_if_compiling(kernel, grid, pointers, ints) -> None:
