@@ -124,6 +124,10 @@ def test_while_the_kernels_compile_calls_run_on_the_portable_kernels(generator, 
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
     assert len(asked) >= 4  # forward, backward, and the second derivatives' calls each asked
     assert len(launched) == (0 if compiled_after is None else len(asked) - compiled_after)
+    with torch.inference_mode():  # as an MD loop calls it
+        inferred = sa.accumulate_rule(X1, X2, rule, C, W, indices_1=src, indices_out=dst, size_out=nodes,
+                                      implementation="triton")
+    assert torch.allclose(inferred, theirs, rtol=1e-12, atol=1e-12)
 
 
 @interpreted.cuda
