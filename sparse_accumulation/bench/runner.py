@@ -12,7 +12,7 @@ from .checking import check_result, tolerance
 from .implementations import forward_function, is_out_of_memory, rule, unavailable_reason
 from .progress import progress_bar
 from .timing import EAGER_TIMINGS, compile_forward, copy_bandwidth, make_step, measure, normalize_timings, \
-    synchronize, timing_unavailable, unit
+    synchronize, timing_unavailable, unit, waits_for_compiles
 
 __all__ = ["run_benchmark"]
 
@@ -34,6 +34,7 @@ def _error_note(error: BaseException) -> str:
     return f"{type(error).__name__}: {message}"[:200]
 
 
+@waits_for_compiles
 def run_benchmark(cases: Sequence[Case], implementations: Optional[Sequence[str]] = None,
                   modes: Sequence[str] = MODES, timings: Sequence[str] = EAGER_TIMINGS, repeats: int = 5,
                   warmup: int = 1, grad_c: bool = False, check_rows: int = 2048, max_seconds: float = 10.0,

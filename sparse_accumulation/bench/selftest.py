@@ -14,6 +14,7 @@ from ..modules import get_cg_transformation_rule
 from .cases import available_devices
 from .checking import TOLERANCE, relative_error
 from .progress import progress_bar
+from .timing import waits_for_compiles
 
 __all__ = ["CheckResult", "run_check", "format_check"]
 
@@ -115,6 +116,7 @@ def _check_one(name: str, device: torch.device, generator: torch.Generator, rows
     return result
 
 
+@waits_for_compiles
 def run_check(implementations: Optional[Sequence[str]] = None, devices: Optional[Sequence[str]] = None,
               seed: int = 0, progress=False) -> list:
     """Check every kernel implementation on every device against float64 references.

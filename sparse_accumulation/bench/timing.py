@@ -22,6 +22,8 @@ The timings (:data:`TIMINGS`), each for the forward and for the forward + backwa
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import statistics
 import time
@@ -32,7 +34,7 @@ import torch
 __all__ = [
     "TIMINGS", "EAGER_TIMINGS", "COMPILED_TIMINGS", "normalize_timings", "timing_unavailable", "unit",
     "synchronize", "elapsed_ms", "make_step", "compile_forward", "measure", "copy_bandwidth",
-    "compiled_kernels_only",
+    "compiled_kernels_only", "waits_for_compiles",
 ]
 
 TIMINGS = ("kernel", "call", "compiled", "reduce-overhead", "host")
@@ -55,6 +57,23 @@ def compiled_kernels_only() -> None:
     except ImportError:  # no triton: no GPU kernels to wait for
         return
     launch.WAIT_FOR_COMPILES = True
+
+
+def waits_for_compiles(function: Callable) -> Callable:
+    """``function`` with every GPU launch of its thread waiting for its kernel's compile while it runs
+    (:func:`sparse_accumulation.kernels.triton.launch.waiting`): what ``bench`` and ``check`` time and check are
+    the compiled kernels, not the portable interim."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            from ..kernels.triton import launch
+            waiting = launch.waiting()
+        except ImportError:  # no triton: no GPU kernels to wait for
+            waiting = contextlib.nullcontext()
+        with waiting:
+            return function(*args, **kwargs)
+
+    return wrapper
 
 
 def normalize_timings(names: Iterable[str]) -> tuple:

@@ -227,3 +227,15 @@ def test_a_first_launch_under_capture_runs_the_first_configuration_untuned(monke
     monkeypatch.setattr(launch, "_capturing", lambda tensor: False)
     compiled, config = launch._run_locked(kernel, lambda meta: (1,), [torch.zeros(2), 21], 21)
     assert compiled == "compiled 1" and config is kernel.best_config and len(untuned) == 1
+
+
+def test_bench_and_check_run_with_launches_waiting_for_their_compiles(background_compiles):
+    """``bench`` and ``check`` time and check the compiled kernels: inside them no launch takes the interim."""
+    from sparse_accumulation.bench import run_benchmark, run_check
+    from sparse_accumulation.bench.timing import waits_for_compiles
+
+    seen = []
+    waits_for_compiles(lambda: seen.append(launch.ready(_Autotuned(_configs()), None, [torch.zeros(3)], [5])))()
+    assert seen == [True] and background_compiles == []
+    assert not launch.ready(_Autotuned(_configs()), None, [torch.zeros(3)], [5])  # outside it, the interim again
+    assert run_benchmark.__wrapped__ and run_check.__wrapped__

@@ -229,12 +229,13 @@ def ready(kernel, grid, pointers, ints) -> bool:
     that cannot or must not happen: inside :func:`compile_only`; during CUDA graph capture (the portable kernels
     cannot be captured) and on a side stream, where captures are warmed up (torch asks for that), so that a
     capture meets tuned kernels; with deterministic algorithms on (the portable kernels add atomically);
-    without compile workers (threads, the interpreter); with ``SPARSE_ACCUMULATION_TRITON_WAIT=1``."""
+    without compile workers (threads, the interpreter); inside :func:`waiting`; with
+    ``SPARSE_ACCUMULATION_TRITON_WAIT=1``."""
     global not_ready_calls
     key = (id(kernel), pointers[0].dtype, pointers[-1].dtype)
     if key in _ready:
         return True
-    if (WAIT_FOR_COMPILES or compiling_only() or not build.prefetching()
+    if (WAIT_FOR_COMPILES or compiling_only() or getattr(_mode, "wait", False) or not build.prefetching()
             or torch.are_deterministic_algorithms_enabled() or _capturing_or_warming_up(pointers[0])):
         return True
     if build.compiled(kernel, list(pointers) + list(ints), grid):
@@ -250,6 +251,12 @@ def ready(kernel, grid, pointers, ints) -> bool:
 
 class NotCompiled(Exception):
     """Raised by a launch inside :func:`portable_meanwhile` whose kernel is still compiling."""
+
+
+def waiting():
+    """Within it, this thread's launches wait for their kernels' compiles, whatever :func:`ready` would say
+    (``bench`` and ``check`` time and check the compiled kernels, not the portable interim)."""
+    return _mode_set("wait")
 
 
 def portable_meanwhile():
