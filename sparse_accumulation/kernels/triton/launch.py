@@ -235,7 +235,7 @@ def ready(kernel, grid, pointers, ints) -> bool:
     key = (id(kernel), pointers[0].dtype, pointers[-1].dtype)
     if key in _ready:
         return True
-    if (WAIT_FOR_COMPILES or compiling_only() or getattr(_mode, "wait", False) or not build.prefetching()
+    if (WAIT_FOR_COMPILES or compiling_only() or _waiting or not build.prefetching()
             or torch.are_deterministic_algorithms_enabled() or _capturing_or_warming_up(pointers[0])):
         return True
     if build.compiled(kernel, list(pointers) + list(ints), grid):
@@ -253,10 +253,23 @@ class NotCompiled(Exception):
     """Raised by a launch inside :func:`portable_meanwhile` whose kernel is still compiling."""
 
 
+#: how many :func:`waiting` contexts are open in this process
+_waiting = 0
+
+
+@contextlib.contextmanager
 def waiting():
-    """Within it, this thread's launches wait for their kernels' compiles, whatever :func:`ready` would say
-    (``bench`` and ``check`` time and check the compiled kernels, not the portable interim)."""
-    return _mode_set("wait")
+    """While it is open, launches of every thread of this process wait for their kernels' compiles, whatever
+    :func:`ready` would say (``bench`` and ``check`` time and check the compiled kernels, not the portable
+    interim; the backward of CUDA tensors runs on autograd's own threads, hence process-wide)."""
+    global _waiting
+    with _lock:
+        _waiting += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _waiting -= 1
 
 
 def portable_meanwhile():
