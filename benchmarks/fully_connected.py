@@ -7,12 +7,12 @@ e3nn's, and cuEquivariance's where it is importable (CUDA).
 The product of ``IRREPS`` (default ``64x0e + 64x1o + 64x2e``) with itself into the same irreps, every path
 "uvw" with shared internal weights (e3nn's defaults), ``--dtype`` float32. First the check: outputs of both on
 300 rows in float64 must agree, with the gradients of both inputs and the weights (relative max error below
-1e-10). Then the medians of ``--repeats`` single calls as a training step makes them (inputs requiring gradients; ``fwd``: the forward, ``fwd+bwd``: the
-forward and ``out.backward(G)``), with the peak memory of a step (on the CPU: the growth of the resident memory).
-Ratios are e3nn / ours. Variant ``fused`` (CUDA) is ours with ``factored.FUSED`` on: the "uvw" instructions on
-the fused kernels (:mod:`sparse_accumulation.kernels.triton.uvw`), checked too. ``--chunk-mb`` sets the memory
-beyond which ours computes its rows in chunks and recomputes them in the backward
-(:mod:`sparse_accumulation.e3nn.factored`).
+1e-10). Then the medians of ``--repeats`` single calls as a training step makes them (inputs requiring
+gradients; ``fwd``: the forward, ``fwd+bwd``: the forward and ``out.backward(G)``), with the peak memory of a
+step (on the CPU: the growth of the resident memory).
+Ratios are e3nn / ours. ``--variants`` picks the modules timed, ``--matmul-precision`` sets
+``torch.set_float32_matmul_precision`` for all of them. ``--chunk-mb`` sets the memory beyond which ours computes
+its rows in chunks and recomputes them in the backward (:mod:`sparse_accumulation.e3nn.factored`).
 """
 from __future__ import annotations
 
@@ -24,24 +24,19 @@ import sys
 import torch
 
 from sparse_accumulation.bench.timing import measure, compiled_kernels_only
-from sparse_accumulation.e3nn import factored
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convolution import peak_mb  # noqa: E402
 
 
-def _step(module, x, y, G, mode, fused=False):
+def _step(module, x, y, G, mode):
     def step():
         x.grad = y.grad = None
         for p in module.parameters():
             p.grad = None
-        previous, factored.FUSED = factored.FUSED, fused
-        try:
-            out = module(x, y)
-            if mode == "fwd+bwd":
-                out.backward(G)
-        finally:
-            factored.FUSED = previous
+        out = module(x, y)
+        if mode == "fwd+bwd":
+            out.backward(G)
         return out
 
     return step
@@ -90,8 +85,7 @@ def main(argv=None) -> None:
                         help="ours: the bytes of intermediates beyond which rows go in chunks and the backward "
                              "recomputes them (default: SPARSE_ACCUMULATION_FACTORED_CHUNK_MB, else 256 on the CPU, "
                              "1024 on a GPU)")
-    parser.add_argument("--variants", default="e3nn,ours,cueq",
-                        help="of e3nn, ours, fused (CUDA: ours on the fused uvw kernels), cueq")
+    parser.add_argument("--variants", default="e3nn,ours,cueq", help="of e3nn, ours, cueq (CUDA)")
     parser.add_argument("--matmul-precision", default=None, choices=("highest", "high", "medium"),
                         help="torch.set_float32_matmul_precision for every variant (float32)")
     args = parser.parse_args(argv)
@@ -105,15 +99,8 @@ def main(argv=None) -> None:
             for _ in range(2))
     G = torch.randn(300, check["ours"].irreps_out.dim, dtype=torch.float64, device=device)
     errors = []
-    expected_all = _outputs_and_gradients(check["e3nn"], x, y, G)
-    for fused in [False] + ([True] if device.type == "cuda" and "fused" in variants else []):
-        factored.FUSED = fused
-        try:
-            got_all = _outputs_and_gradients(check["ours"], x, y, G)
-        finally:
-            factored.FUSED = False
-        for expected, got in zip(expected_all, got_all):
-            errors.append(((got - expected).abs().max() / expected.abs().max()).item())
+    for expected, got in zip(*(_outputs_and_gradients(check[name], x, y, G) for name in ("e3nn", "ours"))):
+        errors.append(((got - expected).abs().max() / expected.abs().max()).item())
     print(f"# {args.irreps}, {check['ours'].weight_numel} weights; float64 check of the outputs and the gradients "
           f"of both inputs and the weights: relative error {max(errors):.2e}")
     assert max(errors) < 1e-10, "outputs or gradients differ from e3nn's"
@@ -121,8 +108,6 @@ def main(argv=None) -> None:
     modules = _modules(args.irreps, dtype, device, device.type == "cuda" and "cueq" in variants)
     if args.chunk_mb is not None:
         modules["ours"]._factored_chunk_bytes = int(args.chunk_mb * 2**20)
-    if device.type == "cuda" and "fused" in variants:
-        modules["fused"] = modules["ours"]
     modules = {name: module for name, module in modules.items() if name in variants}
     for rows in args.rows:
         dim = modules["ours"].irreps_in1.dim
@@ -131,7 +116,7 @@ def main(argv=None) -> None:
         times = {}
         for mode in ("fwd", "fwd+bwd"):
             for name, module in modules.items():
-                step = _step(module, x, y, G, mode, fused=name == "fused")
+                step = _step(module, x, y, G, mode)
                 try:
                     ms = statistics.median(measure("call", step, device, repeats=args.repeats, warmup=2))
                     peak = peak_mb(step, device)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import torch
@@ -45,10 +45,6 @@ FACTORED_MIN_PATHS = 512
 #: the most bytes the intermediates of a chunk of rows may take: ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``
 #: megabytes (read at import), else 0: :func:`default_budget` of the inputs' device
 CHUNK_BYTES = int(float(os.environ.get("SPARSE_ACCUMULATION_FACTORED_CHUNK_MB", "0")) * 2**20)
-#: ``SPARSE_ACCUMULATION_FUSED_UVW=1``: shared-weight instructions on CUDA run on the fused kernels of
-#: :mod:`sparse_accumulation.kernels.triton.uvw`, which write no intermediates (slower than the torch operations so
-#: far: benchmarks/RESULTS.md; for products whose intermediates would not fit)
-FUSED = os.environ.get("SPARSE_ACCUMULATION_FUSED_UVW", "0") == "1"
 
 
 def default_budget(device: torch.device) -> int:
@@ -161,10 +157,6 @@ def factored_product(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, sha
     if budget <= 0:
         budget = default_budget(x.device)
     step = chunk_rows(specs, shared, rows, x.element_size(), budget)
-    if shared and not torch.jit.is_scripting():
-        fused = _fused(x, y, weight, specs, coefficients, dim_out, rows, step)
-        if fused is not None:
-            return fused
     if step >= rows:
         return _factored_rows(x, y, weight, shared, specs, coefficients, dim_out, rows)
     if not torch.jit.is_scripting():
@@ -204,115 +196,34 @@ class _Recomputed(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, y, weight, coefficients = ctx.saved_tensors
-        grads = _recomputed_grads(x, y, weight, coefficients, *ctx.args, grad, ctx.needs_input_grad[:3])
-        return (*grads, None, None, None, None, None, None)
-
-
-def _recomputed_grads(x, y, weight, coefficients, shared: bool, specs, dim_out: int, rows: int, step: int, grad,
-                      wanted) -> list:
-    """The gradients of ``x``, ``y`` and ``weight`` (None where not ``wanted``) for the output's gradient
-    ``grad``, each chunk of ``step`` rows computed again and differentiated; differentiable themselves where
-    grad mode is on (a double backward follows)."""
-    create = torch.is_grad_enabled()
-    chunked = [t.shape[0] == rows and not (shared and i == 2) for i, t in enumerate((x, y, weight))]
-    parts = [[] for _ in range(3)]
-    totals = [None] * 3
-    for start in range(0, rows, step):
-        stop = min(rows, start + step)
-        operands = [_rows(t, start, stop, rows) if c else t for t, c in zip((x, y, weight), chunked)]
-        if not create:
-            operands = [t.detach().requires_grad_(w) for t, w in zip(operands, wanted)]
-        with torch.enable_grad():
-            out = _factored_rows(*operands, shared, specs, coefficients, dim_out, stop - start)
-            asked = [t for t, w in zip(operands, wanted) if w]
-            found = iter(torch.autograd.grad(out, asked, grad[start:stop], create_graph=create, allow_unused=True))
-        for i in range(3):
-            if not wanted[i]:
-                continue
-            g = next(found)
-            if g is None:
-                g = torch.zeros_like(operands[i])
-            if chunked[i]:
-                parts[i].append(g)
-            else:
-                totals[i] = g if totals[i] is None else totals[i] + g
-    return [torch.cat(parts[i]) if chunked[i] and wanted[i] else totals[i] for i in range(3)]
-
-
-@torch.jit.unused
-def _fused(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, specs: List[List[int]], coefficients: torch.Tensor,
-           dim_out: int, rows: int, step: int) -> Optional[torch.Tensor]:
-    """The product on the fused kernels (:mod:`sparse_accumulation.kernels.triton.uvw`), or None where they do
-    not apply: shared weights of float32 or float64 on a CUDA device, outside ``torch.compile``'s tracing."""
-    if (not FUSED or not x.is_cuda or x.dtype not in (torch.float32, torch.float64) or torch.compiler.is_compiling()
-            or not _uvw_available()):
-        return None
-    return _Fused.apply(x, y, weight, coefficients, specs, dim_out, rows, step)
-
-
-@functools.lru_cache(maxsize=None)
-def _uvw_available() -> bool:
-    from ..kernels.triton import uvw
-    return uvw.is_available()
-
-
-def _fused_forward(x, y, weight, coefficients, specs, dim_out: int, rows: int):
-    """The product on the fused kernels; None where one is still compiling."""
-    from ..kernels.triton import uvw
-    out = x.new_zeros(rows, dim_out)
-    for spec in specs:
-        if not uvw.forward(x, y, weight, coefficients, out, spec):
-            return None
-    return out
-
-
-def _fused_grads(x, y, weight, coefficients, specs, rows: int, grad, wanted):
-    """The gradients of ``x``, ``y`` and ``weight`` (None where not ``wanted``) on the fused kernels; None
-    where one is still compiling."""
-    from ..kernels.triton import uvw
-    grad = grad.contiguous()
-    gx = x.new_zeros(rows, x.shape[1]) if wanted[0] else None
-    gy = y.new_zeros(rows, y.shape[1]) if wanted[1] else None
-    gw = torch.zeros_like(weight) if wanted[2] else None
-    for spec in specs:
-        if (wanted[0] or wanted[1]) and not uvw.grad_inputs(x, y, weight, coefficients, grad, gx, gy, spec):
-            return None
-        if wanted[2]:
-            part = uvw.grad_weight(x, y, coefficients, grad, spec, rows)
-            if part is None:
-                return None
-            gw[spec[9]:spec[9] + part.numel()] += part
-    grads = [gx, gy, gw]
-    for i, t in enumerate((x, y)):
-        if grads[i] is not None and t.shape[0] != rows:
-            grads[i] = grads[i].sum(0, keepdim=True)
-    return grads
-
-
-class _Fused(torch.autograd.Function):
-    """The product with shared weights on the fused kernels, forward and backward (the portable chunks of
-    :func:`_in_chunks` while they compile); a backward that must be differentiable (a double backward follows)
-    computes each chunk again on torch operations (:func:`_recomputed_grads`)."""
-
-    @staticmethod
-    def forward(ctx, x, y, weight, coefficients, specs, dim_out, rows, step):
-        x, y, weight = (t if t.stride(-1) == 1 else t.contiguous() for t in (x, y, weight))
-        ctx.save_for_backward(x, y, weight, coefficients)
-        ctx.args = (specs, dim_out, rows, step)
-        out = _fused_forward(x, y, weight, coefficients, specs, dim_out, rows)
-        return out if out is not None else _in_chunks(x, y, weight, True, specs, coefficients, dim_out, rows, step)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, y, weight, coefficients = ctx.saved_tensors
-        specs, dim_out, rows, step = ctx.args
+        shared, specs, dim_out, rows, step = ctx.args
+        create = torch.is_grad_enabled()  # a double backward follows: the gradients must be differentiable
         wanted = ctx.needs_input_grad[:3]
-        grads = None
-        if not torch.is_grad_enabled():
-            grads = _fused_grads(x, y, weight, coefficients, specs, rows, grad, wanted)
-        if grads is None:
-            grads = _recomputed_grads(x, y, weight, coefficients, True, specs, dim_out, rows, step, grad, wanted)
-        return (*grads, None, None, None, None, None)
+        chunked = [t.shape[0] == rows and not (shared and i == 2) for i, t in enumerate((x, y, weight))]
+        parts = [[] for _ in range(3)]
+        totals = [None] * 3
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            operands = [_rows(t, start, stop, rows) if c else t for t, c in zip((x, y, weight), chunked)]
+            if not create:
+                operands = [t.detach().requires_grad_(w) for t, w in zip(operands, wanted)]
+            with torch.enable_grad():
+                out = _factored_rows(*operands, shared, specs, coefficients, dim_out, stop - start)
+                asked = [t for t, w in zip(operands, wanted) if w]
+                found = iter(torch.autograd.grad(out, asked, grad[start:stop], create_graph=create,
+                                                 allow_unused=True))
+            for i in range(3):
+                if not wanted[i]:
+                    continue
+                g = next(found)
+                if g is None:
+                    g = torch.zeros_like(operands[i])
+                if chunked[i]:
+                    parts[i].append(g)
+                else:
+                    totals[i] = g if totals[i] is None else totals[i] + g
+        grads = [torch.cat(parts[i]) if chunked[i] and wanted[i] else totals[i] for i in range(3)]
+        return (*grads, None, None, None, None, None, None)
 
 
 def _factored_rows(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],

@@ -2,8 +2,8 @@
 compile mode), the autotuner's state read under the kernel's lock, a note on stderr when the first launch
 takes long, and the brief timing of a configuration. Stand-in kernels record what they are asked to do, so
 these run without a GPU; the timing itself needs one."""
-import threading
 from concurrent.futures import Future
+import threading
 import time
 
 import pytest
@@ -238,4 +238,15 @@ def test_bench_and_check_run_with_launches_waiting_for_their_compiles(background
     waits_for_compiles(lambda: seen.append(launch.ready(_Autotuned(_configs()), None, [torch.zeros(3)], [5])))()
     assert seen == [True] and background_compiles == []
     assert not launch.ready(_Autotuned(_configs()), None, [torch.zeros(3)], [5])  # outside it, the interim again
+    # the backward of CUDA tensors runs on autograd's threads: they wait too
+    in_thread = []
+
+    def other_thread():
+        thread = threading.Thread(target=lambda: in_thread.append(
+            launch.ready(_Autotuned(_configs()), None, [torch.zeros(3)], [5])))
+        thread.start()
+        thread.join()
+
+    waits_for_compiles(other_thread)()
+    assert in_thread == [True]
     assert run_benchmark.__wrapped__ and run_check.__wrapped__
