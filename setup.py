@@ -27,8 +27,9 @@ setup(
     ],
     extras_require={
         "plot": ["matplotlib>=3.7"],  # the charts of `sparse-accumulation bench --output DIR`
-        "test": ["pytest>=7", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7", "hippynn>=0.1.3",
-                 "opt_einsum_fx>=0.1.4"],
+        # pytest-xdist: the suites run on two processes (pyproject's addopts)
+        "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7",
+                 "hippynn>=0.1.3", "opt_einsum_fx>=0.1.4"],
         # what mace-torch's models, data pipeline and ASE calculator import; mace-torch itself goes in with
         # `pip install --no-deps mace-torch` (it pins e3nn 0.4.4; its training command-line tools are not needed)
         "mace": ["e3nn>=0.5", "opt_einsum_fx>=0.1.4", "ase>=3.23", "torch-ema>=0.3", "torchmetrics>=1.0",
