@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparse_accumulation  # noqa: E402
 from sparse_accumulation import bench as user_bench  # noqa: E402
+from sparse_accumulation.bench.timing import compiled_kernels_only  # noqa: E402
 
 try:  # the kernels alone, by load/store strategy: internal names, absent when the kernels are reorganised
     from sparse_accumulation.kernels import layout
@@ -491,6 +492,7 @@ def write_charts(data: dict, stem: str) -> list:
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--plot", metavar="STEM", help="write the charts STEM.png/.svg (kernels, references) and "

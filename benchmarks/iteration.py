@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparse_accumulation as sa  # noqa: E402
 import sparse_accumulation.bench  # noqa: E402,F401 - sa.bench.plot_times
+from sparse_accumulation.bench.timing import compiled_kernels_only  # noqa: E402
 from sparse_accumulation.products import ClebschGordanProduct, from_e3nn_layout, to_e3nn_layout  # noqa: E402
 
 
@@ -98,6 +99,7 @@ def e3nn_product(product, channels, dtype, device):
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--samples", type=int, default=None, help="default: 10^5 on CUDA, 10^4 on CPU")

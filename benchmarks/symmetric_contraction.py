@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
 from convolution import peak_mb  # noqa: E402
-from sparse_accumulation.bench.timing import elapsed_ms, synchronize  # noqa: E402
+from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, synchronize  # noqa: E402
 from sparse_accumulation.mace import SymmetricContraction  # noqa: E402
 from sparse_accumulation.mace.reference import mace_symmetric_contraction_module  # noqa: E402
 
@@ -161,6 +161,7 @@ def versions() -> dict:
 
 
 def main(argv=None):
+    compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--nodes", type=float, nargs="+", default=None)
