@@ -38,9 +38,9 @@ def pytest_runtest_makereport(item, call):
 
 
 # On a machine with a spare core, a whole-suite run compiles the CPU kernels in a child process
-# (`sparse-accumulation warmup`) while the first tests run: the tests then load most kernels from numba's disk
-# cache instead of compiling each one when it is first called. Set SPARSE_ACCUMULATION_TEST_WARMUP=0 to turn
-# it off; a run of a few tests never starts it.
+# (`sparse-accumulation warmup`, started by one of pytest-xdist's workers) while the first tests run: the tests
+# then load most kernels from numba's disk cache instead of compiling each one when it is first called. Set
+# SPARSE_ACCUMULATION_TEST_WARMUP=0 to turn it off; a run of a few tests never starts it.
 _WARMUP_MIN_TESTS = 200
 _warmup = None
 
@@ -51,7 +51,8 @@ def pytest_collection_finish(session):
     import subprocess
     import sys
 
-    wanted = os.environ.get("SPARSE_ACCUMULATION_TEST_WARMUP", "1") != "0"
+    wanted = (os.environ.get("SPARSE_ACCUMULATION_TEST_WARMUP", "1") != "0"
+              and os.environ.get("PYTEST_XDIST_WORKER", "gw0") == "gw0")
     if (not wanted or len(session.items) < _WARMUP_MIN_TESTS or (os.cpu_count() or 1) < 2
             or importlib.util.find_spec("numba") is None):
         return
