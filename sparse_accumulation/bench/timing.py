@@ -61,7 +61,7 @@ def compiled_kernels_only() -> None:
 
 def waits_for_compiles(function: Callable) -> Callable:
     """``function`` with every GPU launch of the process waiting for its kernel's compile while it runs
-    (:func:`sparse_accumulation.kernels.triton.launch.waiting`, process-wide): what ``bench`` and ``check`` time and check are
+    (:func:`sparse_accumulation.kernels.triton.launch.waiting`): what ``bench`` and ``check`` time and check are
     the compiled kernels, not the portable interim."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):

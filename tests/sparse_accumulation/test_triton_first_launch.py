@@ -2,8 +2,8 @@
 compile mode), the autotuner's state read under the kernel's lock, a note on stderr when the first launch
 takes long, and the brief timing of a configuration. Stand-in kernels record what they are asked to do, so
 these run without a GPU; the timing itself needs one."""
-from concurrent.futures import Future
 import threading
+from concurrent.futures import Future
 import time
 
 import pytest
