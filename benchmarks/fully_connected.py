@@ -91,6 +91,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     variants = args.variants.split(",")
+    unknown = sorted(set(variants) - {"e3nn", "ours", "cueq"})
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)} (of e3nn, ours, cueq)")
     if args.matmul_precision:
         torch.set_float32_matmul_precision(args.matmul_precision)
 
@@ -108,11 +111,11 @@ def main(argv=None) -> None:
     modules = _modules(args.irreps, dtype, device, device.type == "cuda" and "cueq" in variants)
     if args.chunk_mb is not None:
         modules["ours"]._factored_chunk_bytes = int(args.chunk_mb * 2**20)
+    dim_in, dim_out = modules["ours"].irreps_in1.dim, modules["ours"].irreps_out.dim
     modules = {name: module for name, module in modules.items() if name in variants}
     for rows in args.rows:
-        dim = modules["ours"].irreps_in1.dim
-        x, y = (torch.randn(rows, dim, dtype=dtype, device=device, requires_grad=True) for _ in range(2))
-        G = torch.randn(rows, modules["ours"].irreps_out.dim, dtype=dtype, device=device)
+        x, y = (torch.randn(rows, dim_in, dtype=dtype, device=device, requires_grad=True) for _ in range(2))
+        G = torch.randn(rows, dim_out, dtype=dtype, device=device)
         times = {}
         for mode in ("fwd", "fwd+bwd"):
             for name, module in modules.items():
