@@ -37,12 +37,6 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("random seed", f"torch.Generator().manual_seed({seed})"))
 
 
-def pytest_collection_modifyitems(session, config, items):
-    """Tests marked ``first`` (the longest ones) run before the others, so that pytest-xdist's workers run them
-    beside the rest instead of one of them alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("first") is None)  # stable: the rest keep their order
-
-
 # On a machine with a spare core, a whole-suite run compiles the CPU kernels in a child process
 # (`sparse-accumulation warmup`, started by one of pytest-xdist's workers) while the first tests run: the tests
 # then load most kernels from numba's disk cache instead of compiling each one when it is first called. Set

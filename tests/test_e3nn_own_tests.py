@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.first]
+pytestmark = pytest.mark.slow
 
 _FILES = ("tests/conftest.py", "tests/o3/tensor_product_test.py", "tests/o3/tensor_product_sub_test.py")
 

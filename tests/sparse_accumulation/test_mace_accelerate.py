@@ -230,7 +230,6 @@ def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.first
 def test_torch_compile_molecular_dynamics_and_training_steps():
     """``torch.compile`` of a converted model: an MD step's energies, forces and stress and a training step's
     parameter gradients equal MACE's eager ones (``mace_compiled.py``, in a process of its own)."""
