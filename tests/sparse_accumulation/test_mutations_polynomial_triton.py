@@ -13,18 +13,17 @@ triton = pytest.importorskip("triton")
 from polynomial_helpers import random_operands, random_program, reference  # noqa: E402
 from sparse_accumulation.indices import Elements  # noqa: E402
 from sparse_accumulation.kernels.triton import polynomial as triton_polynomial  # noqa: E402
-from sparse_accumulation.kernels.triton.polynomial_source import ELEMENT_SUB  # noqa: E402
 
 interpreted.restore()
 _interpreter = interpreted.module_fixture()
 DEVICE = interpreted.DEVICE
 
 
-@pytest.mark.parametrize("tile_rows", [None, 3 * ELEMENT_SUB - 7])
+@pytest.mark.parametrize("tile_rows", [None, 41])
 def test_element_outputs_sum_every_tile_of_an_element(generator, monkeypatch, tile_rows):
     """150 nodes of 2 elements, several element tiles each: the derivative program's element output (the
-    gradient of P, computed alone) sums every tile of an element; with tiles of more than ``ELEMENT_SUB`` nodes,
-    a tile's blocks of nodes too (their sums added into the tile's row)."""
+    gradient of P, computed alone) sums every tile of an element; with tiles of 41 nodes, every node of a long
+    tile too."""
     if tile_rows is not None:
         monkeypatch.setattr(triton_polynomial, "element_tile_rows", lambda nodes: tile_rows)
     program = random_program(generator, channels=2, terms=6)

@@ -12,6 +12,7 @@ triton = pytest.importorskip("triton")
 
 from polynomial_helpers import random_elements, random_operands, random_program, reference  # noqa: E402
 from sparse_accumulation.kernels.triton import polynomial as triton_polynomial  # noqa: E402
+from sparse_accumulation.kernels.triton import polynomial_source  # noqa: E402
 from sparse_accumulation.kernels.triton.polynomial_source import fits  # noqa: E402
 from sparse_accumulation.mace import SymmetricContraction  # noqa: E402
 from sparse_accumulation.descriptors.programs import Program, element_slot, lane_slot  # noqa: E402
@@ -51,6 +52,57 @@ def test_lane_and_element_outputs_equal_the_reference(generator, dtype, channels
         for a, b in zip(got, expected):
             assert a.dtype == dtype
             assert torch.allclose(a.cpu().double(), b, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.mark.parametrize("output", [0, 1])
+def test_terms_split_into_chunks_equal_the_reference(generator, monkeypatch, output):
+    """A call whose terms take several kernels (chunks of at most 5 terms and 4 held registers, an accumulator
+    continued in the next chunk, which adds to what the first one stored): the gradient of x (lane) and of P
+    (element) of a random program equal the reference."""
+    monkeypatch.setattr(polynomial_source, "MAX_TERMS", 5)
+    monkeypatch.setattr(polynomial_source, "MAX_HELD", 4)
+    program = random_program(generator, channels=3, terms=30)
+    derivative = program.derivative((0, 1), (True,))
+    found = polynomial_source.chunks(derivative, (output,))
+    assert len(found) > 2 and any(adds for chunk in found for _, _, adds, _ in chunk.accumulators)
+    elements = random_elements(generator, 23, 3)
+    tensors = random_operands(generator, program, 23, 3)
+    operands = tensors + [torch.randn(23, program.outputs[0].width, generator=generator, dtype=torch.float64)]
+    (got,) = triton_polynomial.run(derivative, _on_device(operands), _elements_on_device(elements), (output,))
+    (expected,) = reference(derivative, operands, elements, (output,))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-12, atol=1e-12 * expected.abs().max().item())
+
+
+def test_the_chunks_of_a_call_compile_together_once(generator, monkeypatch):
+    """The first call of a chunked program hands every chunk's kernel to ``build.compile_together`` at once
+    (launches waiting for compiles then find them compiled in parallel); later calls do not."""
+    from sparse_accumulation.kernels.triton import build
+
+    together = []
+    monkeypatch.setattr(build, "compile_together", lambda pairs, grid: together.append([k for k, _ in pairs]))
+    monkeypatch.setattr(polynomial_source, "MAX_TERMS", 4)
+    program = random_program(generator, channels=2, terms=20)
+    elements = random_elements(generator, 9, 3)
+    tensors = _on_device(random_operands(generator, program, 9, 3))
+    for _ in range(2):
+        triton_polynomial.run(program, tensors, _elements_on_device(elements), (0,))
+    kernels, _ = triton_polynomial._kernels(program, (0,), "tl.float64")
+    assert len(kernels) > 2 and together == [[k for k, _, _ in kernels]]
+
+
+def test_compile_together_starts_every_compile_before_waiting(monkeypatch):
+    """Three compiles that each wait for the other two finish: compile_together started them all first."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sparse_accumulation.kernels.triton import build
+
+    barrier = threading.Barrier(3, timeout=20)
+    with ThreadPoolExecutor(3) as pool:
+        monkeypatch.setattr(build, "prefetching", lambda: True)
+        monkeypatch.setattr(build, "prefetch", lambda kernel, args, grid, urgent=False: [pool.submit(barrier.wait)])
+        build.compile_together([(kernel, []) for kernel in "abc"], None)
+    assert not barrier.broken
 
 
 def test_terms_with_two_element_factors_run_on_the_torch_kernels(generator):

@@ -25,7 +25,7 @@ import os
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 import triton
@@ -213,6 +213,14 @@ def prefetch(kernel, args, grid, urgent: bool = False) -> list:
     configs = getattr(kernel, "configs", ())
     return _compile_executor().prefetch(lambda: [fn.warmup(*args, grid=grid, **c.all_kwargs()) for c in configs],
                                         urgent)
+
+
+def compile_together(kernels_args, grid) -> None:
+    """Compile the kernels of ``(kernel, args)`` pairs at once in worker processes and wait for all of them, so
+    that their launches load them from Triton's disk cache instead of compiling one after another (nothing
+    where compiles cannot run ahead, :func:`prefetching`: each launch then compiles its own)."""
+    if prefetching():
+        wait([f for kernel, args in kernels_args for f in prefetch(kernel, args, grid, urgent=True)])
 
 
 #: (kernel, argument dtypes) -> futures of the compiles :func:`compiled` started for it

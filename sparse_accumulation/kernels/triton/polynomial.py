@@ -1,13 +1,12 @@
-"""Triton polynomial kernels (CUDA; CPU tensors under ``TRITON_INTERPRET=1``): the contract of
-the polynomial contract of :mod:`sparse_accumulation.kernels`, on kernels generated per program (:mod:`.polynomial_source`)
-whose terms are tables, so that a kernel compiles in seconds however many terms it has.
+"""Triton polynomial kernels (CUDA; CPU tensors under ``TRITON_INTERPRET=1``): the polynomial contract of
+:mod:`sparse_accumulation.kernels`, on kernels generated per program (:mod:`.polynomial_source`) whose terms are
+code, split into chunks of kernels that compile in parallel, in seconds.
 
-A call launches at most two kernels: one for the lane outputs (tiles of ``LANE_SUB`` nodes) and one for the
-element outputs (larger tiles, walked ``ELEMENT_SUB`` nodes at a time), whose per-tile partial sums are then
-summed over each element's tiles in order (:func:`.triton_graph.segment_sum`): deterministic, no atomics. Both
-are persistent (a few programs per multiprocessor, each with its slice of a scratch buffer).
-Outputs whose terms have more than one element factor (no program of this library makes them) run on the
-plain torch kernels, as do eager calls while their kernel compiles (:func:`.launch.ready`).
+A call launches the chunks of its lane outputs (tiles of :func:`lane_tile_rows` nodes) and those of its element
+outputs (tiles of :func:`element_tile_rows`), one program per tile and block of channels. The element outputs'
+per-tile partial sums are then summed over each element's tiles in order (:func:`.triton_graph.segment_sum`):
+deterministic, no atomics. Outputs whose terms have more than one element factor (no program of this library makes
+them) run on the plain torch kernels, as do eager calls while their kernels compile (:func:`.launch.ready`).
 """
 from __future__ import annotations
 
@@ -19,89 +18,81 @@ from ..torch import polynomial as torch_polynomial
 try:  # triton is optional: is_available() reports whether this backend can run
     import triton
 
-    from . import build, launch
-    from .polynomial_source import LANE_SUB, block_channels, fits, kernel_source, sub_rows, tables
+    from . import build, launch, polynomial_source
+    from .polynomial_source import block_channels, chunks, fits, kernel_source
     from .graph import segment_sum
 except Exception:  # pragma: no cover - depends on the environment
     triton = None
 
-#: programs per multiprocessor of a persistent kernel (each holds a scratch slice in L1)
-PROGRAMS_PER_SM = 8
-#: programs of a persistent kernel under the interpreter
-_INTERPRETER_PROGRAMS = 2
 _INT32_LIMIT = 2**31 - 1
-_multiprocessors = {}
+#: (chunk kernels, dtype) whose compiles were started together (:func:`.build.compile_together`)
+_compiled_together = set()
 
 
 def _prev_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
+def lane_tile_rows(nodes: int) -> int:
+    """Nodes per tile of a lane-output kernel (4 to 32): each tile loads its element factors once."""
+    return max(4, min(32, _prev_pow2(nodes // 2048)))
+
+
 def element_tile_rows(nodes: int) -> int:
-    """Nodes per tile of an element-output kernel: larger, to keep the per-tile partial sums small."""
-    return max(16, min(512, _prev_pow2(nodes // 128)))
+    """Nodes per tile of an element-output kernel (16 to 128): larger, to keep the per-tile partial sums small."""
+    return max(16, min(128, _prev_pow2(nodes // 512)))
 
 
-def _programs(device, work: int) -> int:
-    """Programs of a persistent kernel with ``work`` items on ``device``."""
-    if build.interpreting() or device.type != "cuda":
-        return max(1, min(work, _INTERPRETER_PROGRAMS))
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    count = _multiprocessors.get(index)
-    if count is None:
-        count = _multiprocessors[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return max(1, min(work, count * PROGRAMS_PER_SM))
-
-
-def _kernel(program, outputs: tuple, acc: str):
+def _kernels(program, outputs: tuple, acc: str) -> tuple:
+    """The ``(kernel, pointer names, int names)`` of every chunk of ``outputs``, and the channels per block."""
     def make():
-        found = tables(program, outputs)
-        name = build.kernel_name("polynomial", (program.key, outputs, acc))
-        source, pointers, ints = kernel_source(name, found, program.channels, acc)
         block_c = block_channels(program.channels)
-        sub = sub_rows(found)
-        warps = 1 if build.interpreting() else max(1, min(4, sub * block_c // 128))
-        configs = [triton.Config({"BLOCK_C": block_c, "SUB": sub}, num_warps=warps, num_stages=1)]
-        return build.autotuned(source, name, ints, configs), pointers, ints, found, block_c, sub
+        warps = 1 if build.interpreting() else max(1, min(4, block_c // 32))
+        made = []
+        for i, chunk in enumerate(chunks(program, outputs)):
+            name = build.kernel_name("polynomial", (program.key, outputs, acc, i))
+            source, pointers, ints = kernel_source(name, program, outputs, chunk, acc)
+            made.append((build.fixed_kernel(source, name, ints, {"BLOCK_C": block_c}, warps), pointers, ints))
+        return tuple(made), block_c
 
-    return build.cached(("polynomial", program.key, outputs, acc), make)
-
-
-def _device_tables(program, outputs: tuple, found, device, dtype) -> tuple:
-    """The tables as tensors on ``device`` (made once per program, outputs, device and dtype)."""
-    return program.cached(("triton_polynomial_tables", outputs, str(device), dtype), lambda: (
-        torch.as_tensor(found.ints, device=device), torch.as_tensor(found.coefficients, dtype=dtype, device=device)))
+    limits = (polynomial_source.MAX_TERMS, polynomial_source.MAX_HELD)
+    return build.cached(("polynomial", program.key, outputs, acc, limits), make)
 
 
 def _launch(program, tensors, elements, outputs: tuple, targets: dict, rows: int, traceable: bool) -> bool:
-    """Launch the kernel of ``outputs`` into ``targets``; False (nothing launched) where an eager call's kernel
-    is still compiling (:func:`.launch.ready`)."""
+    """Launch the chunks of ``outputs`` into ``targets`` (``D<i>``: the output at position ``i`` of
+    ``outputs``); False (nothing launched) where an eager call's kernels are still compiling
+    (:func:`.launch.ready`)."""
     operand = tensors[0]
-    dtype = accumulation_dtype(operand.dtype)
-    acc = "tl.float64" if dtype == torch.float64 else "tl.float32"
-    kernel, pointer_names, int_names, found, block_c, sub = _kernel(program, outputs, acc)
-    ints_table, coefficients = _device_tables(program, outputs, found, operand.device, dtype)
+    acc = "tl.float64" if accumulation_dtype(operand.dtype) == torch.float64 else "tl.float32"
+    kernels, block_c = _kernels(program, outputs, acc)
     table, _ = elements.tiles(rows)
     tiles = table.shape[1]
-    programs = _programs(operand.device, tiles * triton.cdiv(program.channels, block_c))
-    scratch = torch.empty(programs * found.sizes["NCOL"] * sub * block_c, dtype=dtype, device=operand.device)
     available = {f"T{s}": t for s, t in enumerate(tensors)}
     available.update({f"D{i}": targets[j] for i, j in enumerate(outputs)})
-    available.update(TAB=ints_table, COEF=coefficients, ORDER=elements.order, TABLE=table, SCR=scratch)
+    available.update(ORDER=elements.order, TABLE=table)
     values = {f"S{s}": t.stride(0) if t.shape[0] > 1 else 0 for s, t in enumerate(tensors)}
     values.update({f"SD{i}": targets[j].stride(0) for i, j in enumerate(outputs)})
-    values.update(NT=tiles, R_BUCKET=len(elements).bit_length())
-    pointers = [available[n] for n in pointer_names]
-    ints = [values[n] for n in int_names]
-    largest = max([t.numel() for t in tensors] + [t.numel() for t in targets.values()] + [scratch.numel()])
+    values.update(NT=tiles)
+    largest = max([t.numel() for t in tensors] + [t.numel() for t in targets.values()])
+    grid_size = tiles * triton.cdiv(program.channels, block_c)
 
     def grid(meta):
-        return (programs,)
+        return (grid_size,)
 
-    if not traceable and not launch.ready(kernel, grid, pointers, ints):
-        return False
-    launch.launch(kernel, grid, pointers, ints, device=operand.device, traceable=traceable, tuning=ints[-1],
-                  small=largest <= _INT32_LIMIT)
+    calls = [(kernel, [available[n] for n in pointer_names], [values[n] for n in int_names])
+             for kernel, pointer_names, int_names in kernels]
+    # every chunk asked first, so that all of them start compiling at once
+    if not traceable:
+        if not all([launch.ready(kernel, grid, pointers, ints) for kernel, pointers, ints in calls]):
+            return False
+        if (id(kernels), operand.dtype) not in _compiled_together and not launch.compiling_only():
+            # where launches wait for their compiles (launch.waiting), the chunks compile in parallel first
+            build.compile_together([(kernel, pointers + ints) for kernel, pointers, ints in calls], grid)
+            _compiled_together.add((id(kernels), operand.dtype))
+    for kernel, pointers, ints in calls:
+        launch.launch(kernel, grid, pointers, ints, device=operand.device, traceable=traceable,
+                      small=largest <= _INT32_LIMIT)
     return True
 
 
@@ -121,8 +112,8 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
     for j in lane:
         slot = program.outputs[j]
         results[j] = (operand.new_empty if slot.map.covers(B) and N else operand.new_zeros)((N, slot.width))
-    if lane and N and not _launch(program, tensors, elements, lane, {j: results[j] for j in lane}, LANE_SUB,
-                                  traceable):
+    if lane and N and not _launch(program, tensors, elements, lane, {j: results[j] for j in lane},
+                                  lane_tile_rows(N), traceable):
         results.update(zip(lane, torch_polynomial.run(program, tensors, elements, lane)))
     if element:
         rows = element_tile_rows(N)
