@@ -141,7 +141,7 @@ def kernel_source(name: str, program, outputs, chunk: Chunk, acc: str) -> tuple:
     code = Code()
     code("pid = tl.program_id(0)")
     code(f"t = pid // {blocks}")
-    code("ch = (pid % {blocks}) * BLOCK_C + tl.arange(0, BLOCK_C)".format(blocks=blocks))
+    code(f"ch = (pid % {blocks}) * BLOCK_C + tl.arange(0, BLOCK_C)")
     code(f"cmask = ch < {channels}")
     code("element = tl.load(TABLE + t)")
     code("start = tl.load(TABLE + NT + t)")
