@@ -1,5 +1,5 @@
 """Element outputs of the Triton polynomial kernels (interpreted on the CPU without a GPU, ``interpreted.py``)
-summed over MANY tiles of each element (``triton_polynomial.element_tile_rows``: per-tile partial sums, then
+summed over MANY tiles of each element (``triton_polynomial.ELEMENT_TILE_ROWS``: per-tile partial sums, then
 summed over each element's tiles in order), against the brute-force float64 loop over ``Program.terms``."""
 import interpreted
 
@@ -21,16 +21,15 @@ DEVICE = interpreted.DEVICE
 
 @pytest.mark.parametrize("tile_rows", [None, 41])
 def test_element_outputs_sum_every_tile_of_an_element(generator, monkeypatch, tile_rows):
-    """150 nodes of 2 elements, several element tiles each: the derivative program's element output (the
-    gradient of P, computed alone) sums every tile of an element; with tiles of 41 nodes, every node of a long
-    tile too."""
+    """Nodes of 2 elements, several element tiles each: the derivative program's element output (the gradient of
+    P, computed alone) sums every tile of an element; with tiles of 41 nodes, every node of a long tile too."""
     if tile_rows is not None:
-        monkeypatch.setattr(triton_polynomial, "element_tile_rows", lambda nodes: tile_rows)
+        monkeypatch.setattr(triton_polynomial, "ELEMENT_TILE_ROWS", tile_rows)
     program = random_program(generator, channels=2, terms=6)
-    nodes = 150 if tile_rows is None else 7 * tile_rows
+    rows = triton_polynomial.ELEMENT_TILE_ROWS
+    nodes = 7 * rows
     values = (torch.arange(nodes) % 2)[torch.randperm(nodes, generator=generator)]
     elements = Elements(values, 2)
-    rows = triton_polynomial.element_tile_rows(nodes)
     _, offsets = elements.tiles(rows)
     assert (offsets[1:] - offsets[:-1]).min().item() >= 3
     tensors = random_operands(generator, program, nodes, 2)

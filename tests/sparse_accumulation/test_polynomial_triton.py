@@ -63,7 +63,7 @@ def test_terms_split_into_chunks_equal_the_reference(generator, monkeypatch, out
     monkeypatch.setattr(polynomial_source, "MAX_HELD", 4)
     program = random_program(generator, channels=3, terms=30)
     derivative = program.derivative((0, 1), (True,))
-    found = polynomial_source.chunks(derivative, (output,))
+    found = polynomial_source.chunks(derivative, (output,), polynomial_source.held_registers("tl.float64"))
     assert len(found) > 2 and any(adds for chunk in found for _, _, adds, _ in chunk.accumulators)
     elements = random_elements(generator, 23, 3)
     tensors = random_operands(generator, program, 23, 3)
@@ -71,6 +71,25 @@ def test_terms_split_into_chunks_equal_the_reference(generator, monkeypatch, out
     (got,) = triton_polynomial.run(derivative, _on_device(operands), _elements_on_device(elements), (output,))
     (expected,) = reference(derivative, operands, elements, (output,))
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-12, atol=1e-12 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("limit", [3, 7])
+def test_chunks_hold_at_most_their_limit_and_take_every_term_once(generator, limit):
+    """However small the limit of held registers: no chunk of a lane output holds more element factors, none of
+    an element output more element factors and accumulators, and the chunks take every term exactly once."""
+    program = random_program(generator, channels=2, terms=40)
+    derivative = program.derivative((0, 1), (True,))
+    for output in (0, 1):
+        found = polynomial_source.chunks(derivative, (output,), limit)
+        taken = []
+        for chunk in found:
+            held = {f for *_, terms in chunk.accumulators for _, factors in terms for f in factors
+                    if derivative.operands[f[0]].kind == "element"}
+            assert len(held) + (len(chunk.accumulators) if chunk.element else 0) <= limit
+            taken += [(c, coefficient, factors) for _, c, _, terms in chunk.accumulators
+                      for coefficient, factors in terms]
+        expected = [(c, coefficient, tuple(factors)) for c, coefficient, factors in derivative.terms[output]]
+        assert sorted(taken) == sorted(expected) and (len(found) > 1 or limit > 3)
 
 
 def test_the_chunks_of_a_call_compile_together_once(generator, monkeypatch):

@@ -9,10 +9,11 @@ own kernel; the chunks of a call compile in parallel, in seconds.
 A program of a chunk handles one work item: a tile of at most ``ROWS`` nodes of one element (``TABLE``: the
 tile's element and its ``[start, end)`` in ``ORDER``) and a block of ``BLOCK_C`` channels. It loads the element
 factors its terms read once (the tile's element row of each, a ``[BLOCK_C]`` vector), then walks the tile's nodes
-one at a time, loading the lane factors its terms read, and
+one at a time, loading the lane factors its terms read one node ahead (so that the loads' latency overlaps the
+terms of the node before), and
 
 * lane outputs: stores each accumulator's sum of terms for the node (or adds it to what an earlier chunk stored,
-  where an accumulator's terms span chunks);
+  where an accumulator's terms span chunks: that sum too is loaded one node ahead);
 * element outputs: sums each accumulator over the tile's nodes in a register and stores the tile's row of a
   partial sum (summed afterwards over each element's tiles, in order: deterministic; an earlier chunk's row is
   added to where an accumulator spans chunks).
@@ -23,15 +24,20 @@ after triton's import).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from .codegen import Code, next_pow2
 
 #: the most terms in one chunk (one kernel)
-MAX_TERMS = 128
-#: the most registers a chunk holds across its nodes: element factors (lane outputs) or element factors and
-#: accumulators (element outputs)
-MAX_HELD = 96
+MAX_TERMS = 256
+#: the most float32 registers a chunk holds across its nodes: element factors (lane outputs) or element factors
+#: and accumulators (element outputs); half as many float64 ones (:func:`held_registers`)
+MAX_HELD = 160
+
+
+def held_registers(acc: str) -> int:
+    """The most registers a chunk accumulating in ``acc`` (``"tl.float32"`` or ``"tl.float64"``) holds."""
+    return MAX_HELD // 2 if acc == "tl.float64" else MAX_HELD
 
 
 def block_channels(channels: int) -> int:
@@ -58,10 +64,11 @@ class Chunk(NamedTuple):
     element: bool
 
 
-def chunks(program, outputs) -> tuple:
+def chunks(program, outputs, held_limit: Optional[int] = None) -> tuple:
     """The :class:`Chunk` s computing ``outputs`` (all lane or all element outputs) of ``program``: accumulators
-    in order, each chunk at most :data:`MAX_TERMS` terms and :data:`MAX_HELD` held registers; an accumulator whose
-    terms do not fit the rest of a chunk continues in the next one."""
+    in order, each chunk at most :data:`MAX_TERMS` terms and ``held_limit`` (default :data:`MAX_HELD`) held
+    registers; an accumulator whose terms do not fit the rest of a chunk continues in the next one."""
+    held_limit = MAX_HELD if held_limit is None else held_limit
     outputs = tuple(outputs)
     element_out = program.outputs[outputs[0]].kind == "element"
     element = lambda s: program.operands[s].kind == "element"  # noqa: E731
@@ -84,7 +91,7 @@ def chunks(program, outputs) -> tuple:
                 taken = []
                 while pending and count + len(taken) < MAX_TERMS:
                     wanted = {f for f in pending[0][1] if element(f[0])} - held
-                    if len(held) + len(wanted) + element_out * (len(current) + 1) > MAX_HELD:
+                    if len(held) + len(wanted) + element_out * (len(current) + 1) > held_limit:
                         break
                     held |= wanted
                     taken.append(pending.pop(0))
@@ -95,7 +102,7 @@ def chunks(program, outputs) -> tuple:
                 if not pending:
                     break
                 close()
-            if count >= MAX_TERMS or element_out and len(held) + len(current) >= MAX_HELD:
+            if count >= MAX_TERMS or element_out and len(held) + len(current) >= held_limit:
                 close()
     close()
     return tuple(found)
@@ -153,11 +160,24 @@ def kernel_source(name: str, program, outputs, chunk: Chunk, acc: str) -> tuple:
     if chunk.element:
         for i, (_, _, _, terms) in enumerate(chunk.accumulators):
             code(f"a{i} = zeros")
+    # each node's lane factors (and, in a lane chunk, the sums earlier chunks stored for its continued
+    # accumulators) are loaded one node ahead, carried by the loop: their latency overlaps the node before
+    continued = [i for i, (_, _, adds, _) in enumerate(chunk.accumulators) if adds and not chunk.element]
+    lane_factors = [f for f in factors if not element(f[0])]
+
+    def load_lane(row, prefix, indent):
+        for f in lane_factors:
+            code(f"{prefix}{register[f]} = tl.load({address(*f, row)}, mask=cmask, other=0.0).to({acc})", indent)
+        for i in continued:
+            position, c = chunk.accumulators[i][:2]
+            code(f"{prefix}p{i} = tl.load({target(position, c, row)}, mask=cmask, other=0.0).to({acc})", indent)
+
+    code("ahead = tl.load(ORDER + tl.maximum(tl.minimum(start, end - 1), 0))")
+    load_lane("ahead", "", 1)
     code("for s in range(start, end):")
     code("node = tl.load(ORDER + s)", 2)
-    for f in factors:
-        if not element(f[0]):
-            code(f"{register[f]} = tl.load({address(*f, 'node')}, mask=cmask, other=0.0).to({acc})", 2)
+    code("ahead = tl.load(ORDER + tl.minimum(s + 1, end - 1))", 2)
+    load_lane("ahead", "next_", 2)
     for i, (position, c, adds, terms) in enumerate(chunk.accumulators):
         if chunk.element:
             if terms:
@@ -165,8 +185,10 @@ def kernel_source(name: str, program, outputs, chunk: Chunk, acc: str) -> tuple:
             continue
         value = f"zeros + {sum_of(terms)}" if terms else "zeros"
         if adds:
-            value = f"{value} + tl.load({target(position, c, 'node')}, mask=cmask, other=0.0).to({acc})"
+            value = f"{value} + p{i}"
         code(f"tl.store({target(position, c, 'node')}, ({value}).to(D{position}.dtype.element_ty), mask=cmask)", 2)
+    for carried in [register[f] for f in lane_factors] + [f"p{i}" for i in continued]:
+        code(f"{carried} = next_{carried}", 2)
     if chunk.element:
         for i, (position, c, adds, _) in enumerate(chunk.accumulators):
             value = f"a{i}"
