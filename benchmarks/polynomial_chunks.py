@@ -7,8 +7,9 @@ The configuration of ``symmetric_contraction.py`` (``128x0e+128x1o+128x2e+128x3o
 correlation 3, 10 elements, float32). Each setting is ``terms/held``: the most terms per chunk
 (``polynomial_source.MAX_TERMS``) and float32 registers a chunk holds (``polynomial_source.MAX_HELD``), crossed
 with the element outputs' tile rows (``polynomial.ELEMENT_TILE_ROWS``). Per setting: the seconds of its first
-call (the first size and mode, its chunks compiling in parallel), then per size and mode the median ms of single calls, the peak MB of
-one call, and the largest difference from the first setting's results (relative to their largest value).
+call (the first size and mode, its chunks compiling in parallel), then per size and mode the median ms of single
+calls, the peak MB of one call, and the largest difference from the first setting's results (relative to their
+largest value).
 """
 from __future__ import annotations
 

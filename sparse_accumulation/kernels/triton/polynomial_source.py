@@ -24,7 +24,7 @@ after triton's import).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from .codegen import Code, next_pow2
 
@@ -64,11 +64,11 @@ class Chunk(NamedTuple):
     element: bool
 
 
-def chunks(program, outputs, held_limit: Optional[int] = None) -> tuple:
+def chunks(program, outputs, held_limit: int) -> tuple:
     """The :class:`Chunk` s computing ``outputs`` (all lane or all element outputs) of ``program``: accumulators
-    in order, each chunk at most :data:`MAX_TERMS` terms and ``held_limit`` (default :data:`MAX_HELD`) held
-    registers; an accumulator whose terms do not fit the rest of a chunk continues in the next one."""
-    held_limit = MAX_HELD if held_limit is None else held_limit
+    in order, each chunk at most :data:`MAX_TERMS` terms and ``held_limit`` held registers
+    (:func:`held_registers`); an accumulator whose terms do not fit the rest of a chunk continues in the next
+    one."""
     outputs = tuple(outputs)
     element_out = program.outputs[outputs[0]].kind == "element"
     element = lambda s: program.operands[s].kind == "element"  # noqa: E731
