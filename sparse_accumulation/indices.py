@@ -333,10 +333,14 @@ class Elements:
         each tile's element and its ``[start, end)`` positions in :attr:`order`; the tiles of element ``e`` are
         ``offsets[e] .. offsets[e + 1]`` (``[E + 1]``). ``T = ceil(N / rows) + E`` bounds the tile count
         without reading it; tiles past ``offsets[E]`` are empty (element 0, ``start == end == 0``). Made once
-        per ``rows``."""
+        per ``rows``: on the CPU in one pass (numba), elsewhere by device operations (no synchronisation)."""
         found = self._tiles.get(rows)
         if found is None:
-            found = self._tiles[rows] = _tiles(self.starts, len(self), rows)
+            if self.starts.device.type == "cpu":
+                found = _numba_tools().element_tiles(self.starts, len(self), rows)
+            else:
+                found = _tiles(self.starts, len(self), rows)
+            self._tiles[rows] = found
         return found
 
 

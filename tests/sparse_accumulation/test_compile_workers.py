@@ -121,7 +121,23 @@ def test_a_worker_that_is_gone_is_replaced(private_cache):
     executor.submit(_compile_call("sparse_accumulation_worker_second", 1, listings)).result()
     (replacement,) = executor.pool.idle
     assert replacement is not worker and replacement.process.poll() is None
+    assert worker.process.stdin.closed and worker.process.stdout.closed  # the gone one's pipes
     assert len(listings[1]) == len(listings[0]) + 1  # the replacement compiled the second kernel before it ran
+
+
+def test_closed_workers_exit_and_are_reaped_with_their_pipes_closed(private_cache):
+    """After ``shutdown`` (and at this process's exit, through the same ``close_idle``) every idle worker has
+    exited and been waited for: none is left running or holding a pipe (Python warns of those)."""
+    executor = _executor(workers=2)
+    calls = [_compile_call("sparse_accumulation_worker_close", w, []) for w in (1, 2)]
+    for future in [executor.submit(c) for c in calls]:
+        future.result()
+    workers = list(executor.pool.idle)
+    assert len(workers) == 2 and all(w.process.poll() is None for w in workers)
+    executor.shutdown()
+    assert executor.pool.idle == [] and executor.pool.started == 0
+    for worker in workers:
+        assert worker.process.returncode == 0 and worker.process.stdin.closed and worker.process.stdout.closed
 
 
 def test_the_worker_count_follows_the_environment(monkeypatch):

@@ -88,9 +88,13 @@ def test_float32_accumulates_in_float32_close_to_float64(generator):
         assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
 
 
-def test_elements_tiles_cover_every_node_once_with_one_element_each(generator):
+@pytest.mark.parametrize("made_by", ["cpu pass", "device operations"])
+def test_elements_tiles_cover_every_node_once_with_one_element_each(generator, made_by):
+    """Both ways of making the tiles (numba's pass for CPU tensors, the device operations of other devices)."""
+    from sparse_accumulation.indices import _tiles
+
     elements = random_elements(generator, 103, 5)
-    table, offsets = elements.tiles(8)
+    table, offsets = elements.tiles(8) if made_by == "cpu pass" else _tiles(elements.starts, 103, 8)
     seen = []
     for t in range(table.shape[1]):
         element, start, end = table[:, t].tolist()
@@ -102,6 +106,18 @@ def test_elements_tiles_cover_every_node_once_with_one_element_each(generator):
             continue
         assert start == end  # the padding tiles past the last element's are empty
     assert sorted(seen) == list(range(103))
+
+
+@pytest.mark.parametrize("nodes, num_elements, rows", [(0, 3, 4), (1, 1, 4), (37, 9, 4), (64, 2, 32), (200, 7, 16)])
+def test_elements_tiles_of_the_cpu_pass_equal_the_device_operations(generator, nodes, num_elements, rows):
+    """Tables and offsets equal entry for entry, elements without nodes and a node count that is a multiple of
+    the tile size included."""
+    from sparse_accumulation.indices import Elements, _tiles
+
+    values = torch.randint(0, max(1, num_elements // 2), (nodes,), generator=generator) * 2  # odd elements empty
+    elements = Elements(values.clamp(max=num_elements - 1), num_elements)
+    for got, expected in zip(elements.tiles(rows), _tiles(elements.starts, nodes, rows)):
+        assert torch.equal(got, expected)
 
 
 def test_programs_are_interned_and_checked():

@@ -44,6 +44,30 @@ def test_a_rule_rebuilds_from_its_key_alone():
     assert (rebuilt.m1, rebuilt.m2, rebuilt.mu, rebuilt.input_sizes, rebuilt.output_size) == indices + ((4, 1), 3)
 
 
+def test_a_descriptor_found_by_key_stays_alive_for_later_lookups(monkeypatch):
+    """A key that only a compiled graph holds is decoded once: what it rebuilt is held among the most recently
+    found, so that later calls find it alive (without that, a warm compile cache's graphs rebuilt a gradient's
+    program on every call); the oldest is let go past the limit."""
+    import gc
+
+    from sparse_accumulation.descriptors import interning
+
+    monkeypatch.setattr(interning, "RECENT", 2)
+    monkeypatch.setattr(sa.Rule, "_recent", type(sa.Rule._recent)())
+    keys = [sa.Rule([i, 1], [0, 0], [1, 0], 2, input_sizes=(5, 1)).key for i in range(3)]
+    gc.collect()
+    decoded = []
+    decode = sa.Rule._decode.__func__
+    monkeypatch.setattr(sa.Rule, "_decode", classmethod(lambda cls, key: decoded.append(key) or decode(cls, key)))
+    for key in keys + keys[1:]:
+        sa.Rule.from_key(key)
+        gc.collect()
+    assert decoded == keys  # the last two found again alive
+    sa.Rule.from_key(keys[0])
+    gc.collect()
+    assert decoded == keys + keys[:1]  # the first was let go, the limit being 2
+
+
 @pytest.mark.parametrize("changes, error, match", [
     (dict(m1=[0, 5]), IndexError, "m1 contains index 5, out of range for M1=3"),
     (dict(mu=[0, -1]), IndexError, "mu contains a negative index"),

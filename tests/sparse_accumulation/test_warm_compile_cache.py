@@ -1,6 +1,6 @@
 """A compiled model run again in a new process with the same (warm) inductor cache: the graphs loaded from the
 cache name rules, channel rules and polynomial programs by key, including the derivative programs and swapped
-rules that a backward makes, which the new process never made; each is found or rebuilt from its key."""
+rules that a backward makes, which the new process never made; each is found or rebuilt from its key, once."""
 import json
 import os
 import subprocess
@@ -42,9 +42,22 @@ SCRIPT = textwrap.dedent('''
     grads = torch.autograd.grad(value, (x, vectors))
     expected = energy(x, vectors)
     expected_grads = torch.autograd.grad(expected, (x, vectors))
+
+    # later calls: every descriptor a graph names by key is found alive, none decoded again
+    import gc
+    from sparse_accumulation.descriptors.channel_rules import ChannelRule
+    from sparse_accumulation.descriptors.programs import Program
+
+    decoded = []
+    for kind in (sa.Rule, ChannelRule, Program):
+        kind._decode = classmethod(lambda cls, key, decode=kind._decode.__func__: decoded.append(cls.__name__)
+                                   or decode(cls, key))
+    for _ in range(3):
+        gc.collect()
+        torch.autograd.grad(compiled(x, vectors), (x, vectors))
     print(json.dumps({"value": value.item(), "expected": expected.item(),
                       "grads": [g.sum().item() for g in grads],
-                      "expected_grads": [g.sum().item() for g in expected_grads]}))
+                      "expected_grads": [g.sum().item() for g in expected_grads], "decoded_later": decoded}))
 ''')
 
 
@@ -93,6 +106,7 @@ def test_compiled_graphs_run_in_a_new_process_from_a_warm_cache(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for run in runs:
+        assert run["decoded_later"] == []
         assert run["value"] == pytest.approx(run["expected"], rel=1e-10)
         assert run["grads"] == pytest.approx(run["expected_grads"], rel=1e-10)
     assert runs[1]["value"] == pytest.approx(runs[0]["value"], rel=1e-12)

@@ -1,5 +1,6 @@
 """Index tools on the CPU with numba: the range check and the counting sort of a pair index
-(:class:`sparse_accumulation.indices.PairIndex` calls them for CPU tensors)."""
+(:class:`sparse_accumulation.indices.PairIndex` calls them for CPU tensors), and the tiles of nodes sorted by
+element (:meth:`sparse_accumulation.indices.Elements.tiles`)."""
 from __future__ import annotations
 
 import numba
@@ -46,3 +47,32 @@ def counting_sort(key: torch.Tensor, n_atoms: int) -> tuple:
     offsets = torch.empty(n_atoms + 1, dtype=torch.int64)
     _counting_sort(key.numpy(), n_atoms, order.numpy(), offsets.numpy())
     return order, offsets
+
+
+@numba.njit(cache=True, nogil=True)
+def _element_tiles(starts, rows, table, offsets):
+    elements = starts.shape[0] - 1
+    t = 0
+    offsets[0] = 0
+    for e in range(elements):
+        start, end = starts[e], starts[e + 1]
+        while start < end and t < table.shape[1]:
+            table[0, t] = e
+            table[1, t] = start
+            table[2, t] = min(start + rows, end)
+            start += rows
+            t += 1
+        offsets[e + 1] = t
+    for rest in range(t, table.shape[1]):
+        table[0, rest] = 0
+        table[1, rest] = 0
+        table[2, rest] = 0
+
+
+def element_tiles(starts: torch.Tensor, nodes: int, rows: int) -> tuple:
+    """``(table [3, ceil(nodes / rows) + E], offsets [E + 1])`` of the int64 CPU tensor ``starts`` (``[E + 1]``):
+    what :meth:`sparse_accumulation.indices.Elements.tiles` describes, in one pass."""
+    table = torch.empty(3, -(-nodes // rows) + starts.shape[0] - 1, dtype=torch.int64)
+    offsets = torch.empty(starts.shape[0], dtype=torch.int64)
+    _element_tiles(starts.numpy(), rows, table.numpy(), offsets.numpy())
+    return table, offsets

@@ -10,12 +10,13 @@ worker's kernel is not the one this process then loads (a different cache key), 
 the rest of the process.
 
 Workers start on first use (up to ``SPARSE_ACCUMULATION_TRITON_COMPILE_WORKERS``, default the CPU count, at
-most 16; ``0`` turns them off) and exit after two idle minutes or with this process. Compiles ahead of need
-(:meth:`ProcessExecutor.prefetch`) run in as many more workers at a lower CPU priority (``nice`` 10), so
-that a compile someone waits for gets the cores first.
+most 16; ``0`` turns them off) and exit after two idle minutes or with this process, which reaps them. Compiles
+ahead of need (:meth:`ProcessExecutor.prefetch`) run in as many more workers at a lower CPU priority (``nice``
+10), so that a compile someone waits for gets the cores first.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import inspect
 import os
@@ -32,6 +33,10 @@ except ImportError:  # pragma: no cover - older Triton compiles configurations o
 from . import compile_worker
 
 _WORKER_SCRIPT = os.path.abspath(compile_worker.__file__)
+
+
+#: seconds a closed worker has to exit before it is killed
+EXIT_SECONDS = 5.0
 
 
 def worker_count() -> int:
@@ -61,11 +66,18 @@ class _Worker:
             return None
 
     def close(self) -> None:
+        """End the worker's input (an idle worker then exits), reap it (killed if it has not exited within
+        :data:`EXIT_SECONDS`) and close its pipes."""
         try:
             self.process.stdin.close()
         except OSError:
             pass
-        self.process.poll()  # reaps a worker that has exited already
+        try:
+            self.process.wait(timeout=EXIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
 
 
 class _Pool:
@@ -190,6 +202,7 @@ class ProcessExecutor:
         self.compiled_by_workers = 0
         self._jobs = {}
         self._lock = threading.Lock()
+        atexit.register(self.close_idle)
 
     def submit(self, compile_call):
         return self.threads.submit(self._compile, compile_call)
@@ -271,13 +284,18 @@ class ProcessExecutor:
         future.set_exception(_Prefetched())
         return future
 
+    def close_idle(self) -> None:
+        """Let the idle workers exit (at this process's exit too)."""
+        self.pool.close_idle()
+        self.ahead_pool.close_idle()
+
     def shutdown(self) -> None:
         """Wait for the compiles under way, then let the idle workers exit."""
         self.threads.shutdown(wait=True)
         self.prefetch_threads.shutdown(wait=True)
         self.start_threads.shutdown(wait=True)
-        self.pool.close_idle()
-        self.ahead_pool.close_idle()
+        self.close_idle()
+        atexit.unregister(self.close_idle)
 
 
 class _Recorder:
