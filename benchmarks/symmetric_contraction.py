@@ -11,7 +11,10 @@ correlation 3, 10 elements drawn at random per node, fp32 by default (``--dtype`
   imports), called with one-hot element rows;
 * ``ours``: ``SymmetricContraction.from_mace(mace)``: the same weights and couplings, the same one-hot rows;
 * ``cueq``: ``cuequivariance_torch.SymmetricContraction`` (CUDA, when importable) with element indices, its
-  own random weights (timing only: its basis and layout differ).
+  own random weights (timing only: its basis and layout differ);
+* ``ours-compiled`` (not run unless named): ``torch.compile`` of ``ours`` (compiled by its first call, the
+  warm-up; run the benchmark twice to time it from a warm compile cache, as a user's second run of a script
+  does).
 
 Modes: ``fwd``; ``fwd+bwd`` (``out.backward(G)``: gradients of x and of the weights); ``double`` (force
 training: ``E = (out * G).sum()``, ``dE/dx`` with ``create_graph=True``, then the backward of
@@ -45,7 +48,7 @@ from sparse_accumulation.mace.reference import mace_symmetric_contraction_module
 
 SIZES = {"cuda": [1_000, 10_000, 50_000], "cpu": [2_000]}
 MODES = ("fwd", "fwd+bwd", "double")
-VARIANTS = ("mace", "ours", "cueq")
+VARIANTS = ("mace", "ours", "cueq", "ours-compiled")
 IRREPS_IN = "{c}x0e+{c}x1o+{c}x2e+{c}x3o"
 IRREPS_OUT = "{c}x0e+{c}x1o"
 
@@ -165,7 +168,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--nodes", type=float, nargs="+", default=None)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default="mace,ours,cueq", help="comma-separated, from " + ", ".join(VARIANTS))
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from " + ", ".join(MODES))
     parser.add_argument("--mace-modes", default=None, help="modes MACE runs (default: --modes)")
     parser.add_argument("--channels", type=int, default=128)
@@ -198,6 +201,8 @@ def main(argv=None):
             cueq = None
         if cueq is not None:
             modules["cueq"] = cueq
+    if "ours-compiled" in variants:
+        modules["ours-compiled"] = torch.compile(modules["ours"])
     variants = [v for v in variants if v in modules]
     meta = {"command": "python benchmarks/symmetric_contraction.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
