@@ -333,10 +333,11 @@ class Elements:
         each tile's element and its ``[start, end)`` positions in :attr:`order`; the tiles of element ``e`` are
         ``offsets[e] .. offsets[e + 1]`` (``[E + 1]``). ``T = ceil(N / rows) + E`` bounds the tile count
         without reading it; tiles past ``offsets[E]`` are empty (element 0, ``start == end == 0``). Made once
-        per ``rows``: on the CPU in one pass (numba), elsewhere by device operations (no synchronisation)."""
+        per ``rows``: on the CPU in one pass (numba), elsewhere and while ``torch.compile`` traces by device
+        operations (no synchronisation)."""
         found = self._tiles.get(rows)
         if found is None:
-            if self.starts.device.type == "cpu":
+            if self.starts.device.type == "cpu" and not torch.compiler.is_compiling():
                 found = _numba_tools().element_tiles(self.starts, len(self), rows)
             else:
                 found = _tiles(self.starts, len(self), rows)

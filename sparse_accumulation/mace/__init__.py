@@ -3,9 +3,11 @@
 :class:`SymmetricContraction` is a drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction``
 (mace-torch 0.3.16): the same constructor, call and parameters; :meth:`SymmetricContraction.from_mace` takes a
 MACE module with its weights. :func:`accelerate` converts a MACE model in place (its convolutions to fused
-message passing, :class:`Convolution`, and its symmetric contractions). mace-torch is never imported here.
+message passing, :class:`Convolution`, its symmetric contractions, and its skip connections to one matrix product
+per element, :class:`ElementLinear`). mace-torch is never imported here.
 """
 from .accelerate import INTERACTION_BLOCKS, Convolution, accelerate
+from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
-__all__ = ["SymmetricContraction", "accelerate", "Convolution", "INTERACTION_BLOCKS"]
+__all__ = ["SymmetricContraction", "accelerate", "Convolution", "ElementLinear", "INTERACTION_BLOCKS"]

@@ -10,9 +10,12 @@ Two kinds of layer change, and nothing else:
   ``conv_fusion`` attribute calls ``conv_tp(node_feats, edge_attrs, tp_weights, edge_index)`` in place of
   ``conv_tp(node_feats[sender], ...)`` followed by ``scatter_sum``;
 * each product block's ``symmetric_contractions`` becomes :class:`~.symmetric_contraction.SymmetricContraction`
-  (:meth:`~.symmetric_contraction.SymmetricContraction.from_mace`).
+  (:meth:`~.symmetric_contraction.SymmetricContraction.from_mace`);
+* each interaction block's skip connection ``skip_tp`` (e3nn's ``FullyConnectedTensorProduct`` of the node
+  features with the one-hot node attributes) becomes :class:`~.element_linear.ElementLinear`: one matrix product
+  per element instead of a product with every element's weights.
 
-Both keep MACE's state dict, key for key (the tensors they do not compute with are held as they are), so MACE's
+All keep MACE's state dict, key for key (the tensors they do not compute with are held as they are), so MACE's
 checkpoints load into a converted model and its state loads back into MACE with ``strict=True``.
 
 mace-torch is imported when :func:`accelerate` runs, never when this module is imported.
@@ -25,6 +28,7 @@ from typing import Optional
 import torch
 
 from ..e3nn.tensor_product import TensorProduct
+from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
 __all__ = ["accelerate", "Convolution", "INTERACTION_BLOCKS"]
@@ -163,9 +167,10 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     :data:`INTERACTION_BLOCKS` gets a :class:`Convolution` as ``conv_tp`` (and MACE's ``conv_fusion`` attribute,
     which makes its ``forward`` call it as one fused convolution), every ``EquivariantProductBasisBlock`` gets
     :meth:`SymmetricContraction.from_mace(..., mace_buffers=True)
-    <sparse_accumulation.mace.SymmetricContraction.from_mace>` as ``symmetric_contractions``. The rest of the
-    model (embeddings, radial networks, linear layers, skip connections, readouts, MACE's ``forward``) is not
-    touched. Energies, forces and stress equal MACE's to rounding; the state dict is MACE's, key for key. Blocks
+    <sparse_accumulation.mace.SymmetricContraction.from_mace>` as ``symmetric_contractions``, and every converted
+    interaction block's ``skip_tp`` that is e3nn's ``FullyConnectedTensorProduct`` with node attributes of
+    scalars becomes an :class:`~.element_linear.ElementLinear`. The rest of the model (embeddings, radial
+    networks, linear layers, readouts, MACE's ``forward``) is not touched. Energies, forces and stress equal MACE's to rounding; the state dict is MACE's, key for key. Blocks
     already converted are left as they are. Nothing is changed when an error is raised.
 
     Args:
@@ -229,9 +234,13 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     convolutions = [Convolution(block.conv_tp, implementation=implementation) for block in interactions]
     contractions = [SymmetricContraction.from_mace(block.symmetric_contractions, implementation=implementation,
                                                    mace_buffers=True) for block in products]
-    for block, convolution in zip(interactions, convolutions):
+    skips = [ElementLinear(block.skip_tp) if ElementLinear.refusal(getattr(block, "skip_tp", None)) is None
+             else None for block in interactions]
+    for block, convolution, skip in zip(interactions, convolutions, skips):
         block.conv_tp = convolution
         block.conv_fusion = "sparse_accumulation"
+        if skip is not None:
+            block.skip_tp = skip
     for block, contraction in zip(products, contractions):
         block.symmetric_contractions = contraction
     return model

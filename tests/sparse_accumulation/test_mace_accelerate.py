@@ -40,7 +40,7 @@ from mace import data as mace_data  # noqa: E402
 from mace import tools as mace_tools  # noqa: E402
 from mace.tools import torch_geometric  # noqa: E402
 
-from sparse_accumulation.mace import Convolution, SymmetricContraction, accelerate  # noqa: E402
+from sparse_accumulation.mace import Convolution, ElementLinear, SymmetricContraction, accelerate  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,6 +125,8 @@ def assert_same_outputs(ours, theirs, data, stress=True):
 def assert_converted(model):
     for block in model.interactions:
         assert isinstance(block.conv_tp, Convolution)
+        skip = getattr(block, "skip_tp", None)  # (RealAgnosticAttResidualInteractionBlock has none)
+        assert isinstance(skip, ElementLinear) or not isinstance(skip, o3.FullyConnectedTensorProduct)
     for block in model.products:
         assert isinstance(block.symmetric_contractions, SymmetricContraction)
 

@@ -1,0 +1,169 @@
+"""MACE's skip connections as one linear map per element: :class:`ElementLinear`.
+
+An interaction block's ``skip_tp`` is e3nn's ``FullyConnectedTensorProduct`` of the node features ``x`` with the
+node attributes ``y`` (one scalar per element, one-hot rows)::
+
+    out[n, w, k] = sum_{u, v} c * W[u, v, w] * x[n, u, k] * y[n, v]       (per instruction, k a component)
+
+e3nn computes it for every element ``v`` of every node (at 89 elements, 89 times the work of the node's own
+element). With one-hot rows only the node's element counts: ``out[n] = c * x[n] @ W[:, e(n), :]``. The nodes are
+visited in tiles of one element (:meth:`sparse_accumulation.indices.Elements.tiles`), each tile's rows gathered
+and multiplied by its element's matrix in one batched matrix product, and the products put back in node order:
+static shapes, no synchronisation, differentiable to any order through torch's own operations. Rows with one
+nonzero of another value scale the output; any other rows (or attributes that require grad) take e3nn's sum over
+every element.
+"""
+from __future__ import annotations
+
+import torch
+
+from .attributes import prepare
+
+__all__ = ["ElementLinear"]
+
+#: nodes per tile: each tile multiplies ``[rows * components, u]`` by its element's ``[u, w]``; the tiles hold
+#: ``ceil(N / rows) + E`` slots' worth of rows, padding included
+TILE_ROWS = 32
+
+
+class ElementLinear(torch.nn.Module):
+    """e3nn's ``FullyConnectedTensorProduct(irreps_in1, "Ex0e", irreps_out)`` with shared internal weights (MACE's
+    skip connections), computed per element.
+
+    Made from the e3nn module, whose ``weight`` parameter it holds (the same tensor) with its ``output_mask``:
+    the state dict is the e3nn module's, key for key.
+
+    Args:
+        tensor_product: e3nn's ``o3.FullyConnectedTensorProduct`` whose second input is one irrep of scalars
+            (``Ex0e`` or ``Ex0o``, ``E`` elements), with internal, shared weights.
+
+    Raises:
+        TypeError: ``tensor_product`` is not e3nn's ``FullyConnectedTensorProduct``.
+        ValueError: a second input other than one irrep of scalars, or weights that are not internal and shared.
+    """
+
+    def __init__(self, tensor_product: torch.nn.Module):
+        super().__init__()
+        problem = self.refusal(tensor_product)
+        if problem is not None:
+            raise (TypeError if problem.startswith("not") else ValueError)(problem)
+        from e3nn import o3
+
+        tp = tensor_product
+        self.irreps_in1, self.irreps_in2, self.irreps_out = tp.irreps_in1, tp.irreps_in2, tp.irreps_out
+        self.num_elements = tp.irreps_in2[0].mul
+        self._dim_in = tp.irreps_in1.dim  # a plain int: forward reads no Irreps (torch.compile cannot guard them)
+        self.weight = tp.weight
+        self.register_buffer("output_mask", tp.output_mask.detach().clone())
+        starts = _starts(tp.irreps_in1)
+        paths, offset = [], 0
+        for ins in tp.instructions:
+            mul_in, ir_in = tp.irreps_in1[ins.i_in1]
+            mul_out, _ = tp.irreps_out[ins.i_out]
+            size = mul_in * self.num_elements * mul_out
+            if ir_in.dim and mul_in and mul_out:
+                l = ir_in.l
+                coupling = float(o3.wigner_3j(l, 0, l, dtype=torch.float64)[0, 0, 0])  # the identity, scaled
+                paths.append((starts[ins.i_in1], mul_in, ir_in.dim, ins.i_out, mul_out, offset,
+                              ins.path_weight * coupling))
+            offset += size
+        self._paths = tuple(paths)
+        self._outputs = tuple((mul, ir.dim) for mul, ir in tp.irreps_out)
+
+    @staticmethod
+    def refusal(tensor_product) -> "str | None":
+        """Why ``tensor_product`` cannot be made into an :class:`ElementLinear` (None: it can)."""
+        try:
+            from e3nn import o3
+        except ImportError:
+            return "not convertible without e3nn installed"
+        if type(tensor_product) is not o3.FullyConnectedTensorProduct:
+            return (f"not e3nn's o3.FullyConnectedTensorProduct: {type(tensor_product).__module__}."
+                    f"{type(tensor_product).__qualname__}")
+        if len(tensor_product.irreps_in2) != 1 or tensor_product.irreps_in2[0].ir.l != 0:
+            return f"the second input must be one irrep of scalars (node attributes), got {tensor_product.irreps_in2}"
+        if not (tensor_product.internal_weights and tensor_product.shared_weights):
+            return "the weights must be internal and shared (MACE's skip connections)"
+        return None
+
+    def extra_repr(self) -> str:
+        return f"{self.irreps_in1} x {self.irreps_in2} -> {self.irreps_out}"
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``tensor_product(x, y)``.
+
+        Args:
+            x: node features ``[N, irreps_in1.dim]``.
+            y: node attributes ``[N, E]`` of a floating dtype (one-hot rows, or any values), or integer
+                elements ``[N]``.
+
+        Returns:
+            ``[N, irreps_out.dim]`` of ``x``'s dtype.
+
+        Raises:
+            ValueError: ``x`` not ``[N, irreps_in1.dim]`` or ``y`` of another node count; errors of
+                :func:`sparse_accumulation.mace.attributes.prepare` for ``y``.
+        """
+        if x.dim() != 2 or x.shape[1] != self._dim_in:
+            raise ValueError(f"x must be [nodes, {self._dim_in}], got shape {tuple(x.shape)}")
+        if y.shape[0] != x.shape[0]:
+            raise ValueError(f"y must have x's {x.shape[0]} nodes, got shape {tuple(y.shape)}")
+        attributes = prepare(y, self.num_elements, "y")
+        if attributes.per_node is not None:
+            blocks = self._every_element(x, attributes.per_node.to(x.dtype))
+        else:
+            blocks = self._per_element(x, attributes.elements)
+        out = torch.cat(blocks, dim=1) if blocks else x.new_zeros(x.shape[0], 0)
+        return out if attributes.scale is None else out * attributes.scale.to(x.dtype)
+
+    def _weights(self, offset: int, mul_in: int, mul_out: int) -> torch.Tensor:
+        return self.weight.narrow(0, offset, mul_in * self.num_elements * mul_out).view(
+            mul_in, self.num_elements, mul_out)
+
+    def _finish(self, x, blocks) -> list:
+        """The output blocks, zeros where no instruction writes."""
+        return [b if b is not None else x.new_zeros(x.shape[0], mul * dim)
+                for b, (mul, dim) in zip(blocks, self._outputs)]
+
+    def _every_element(self, x, y) -> list:
+        """e3nn's sum over every element (rows that are not one-hot)."""
+        blocks = [None] * len(self._outputs)
+        N = x.shape[0]
+        for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
+            features = x[:, start:start + mul_in * dim].view(N, mul_in, dim)
+            part = torch.einsum("nuk,nv,uvw->nwk", features, y, self._weights(offset, mul_in, mul_out))
+            part = (factor * part).reshape(N, mul_out * dim)
+            blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
+        return self._finish(x, blocks)
+
+    def _per_element(self, x, elements) -> list:
+        """Each node's own element only, tile by tile (see the module docstring)."""
+        N = x.shape[0]
+        blocks = [None] * len(self._outputs)
+        if N == 0:
+            return self._finish(x, blocks)
+        rows = TILE_ROWS
+        table, _ = elements.tiles(rows)
+        tiles = table.shape[1]
+        position = table[1][:, None] + torch.arange(rows, device=x.device)  # [tiles, rows] slots in order
+        valid = position < table[2][:, None]
+        node = elements.order[position.clamp(max=N - 1)]  # padding slots read a node, never read back
+        # where each node's row lies among the slots (padding slots write to row N, dropped)
+        slot = torch.empty(N + 1, dtype=torch.int64, device=x.device).scatter_(
+            0, torch.where(valid, node, N).flatten(), torch.arange(tiles * rows, device=x.device))[:N]
+        for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
+            features = x[:, start:start + mul_in * dim].view(N, mul_in, dim).transpose(1, 2)[node]
+            weights = self._weights(offset, mul_in, mul_out).index_select(1, table[0]).transpose(0, 1)
+            product = torch.bmm(features.reshape(tiles, rows * dim, mul_in), weights)  # [tiles, rows * dim, w]
+            part = (factor * product).view(tiles * rows, dim, mul_out)[slot].transpose(1, 2).reshape(
+                N, mul_out * dim)
+            blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
+        return self._finish(x, blocks)
+
+
+def _starts(irreps) -> list:
+    starts, at = [], 0
+    for mul, ir in irreps:
+        starts.append(at)
+        at += mul * ir.dim
+    return starts
