@@ -55,7 +55,7 @@ class ElementLinear(torch.nn.Module):
         self._dim_in = tp.irreps_in1.dim  # a plain int: forward reads no Irreps (torch.compile cannot guard them)
         self.weight = tp.weight
         self.register_buffer("output_mask", tp.output_mask.detach().clone())
-        starts = _starts(tp.irreps_in1)
+        starts = [piece.start for piece in tp.irreps_in1.slices()]
         paths, offset = [], 0
         for ins in tp.instructions:
             mul_in, ir_in = tp.irreps_in1[ins.i_in1]
@@ -159,11 +159,3 @@ class ElementLinear(torch.nn.Module):
                 N, mul_out * dim)
             blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
         return self._finish(x, blocks)
-
-
-def _starts(irreps) -> list:
-    starts, at = [], 0
-    for mul, ir in irreps:
-        starts.append(at)
-        at += mul * ir.dim
-    return starts
