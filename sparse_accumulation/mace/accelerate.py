@@ -160,7 +160,8 @@ def _mace_blocks():
 
 def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
                implementation: Optional[str] = None) -> torch.nn.Module:
-    """Put a MACE model's convolutions and symmetric contractions on this library's kernels, in place.
+    """Put a MACE model's convolutions, symmetric contractions and skip connections on this library's layers, in
+    place.
 
     ``model`` is anything holding MACE's blocks as MACE builds or loads them: a ``MACE`` or ``ScaleShiftMACE``
     (or another MACE model class), an interaction block, a product block. Every interaction block of a class in
@@ -170,8 +171,9 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     <sparse_accumulation.mace.SymmetricContraction.from_mace>` as ``symmetric_contractions``, and every converted
     interaction block's ``skip_tp`` that is e3nn's ``FullyConnectedTensorProduct`` with node attributes of
     scalars becomes an :class:`~.element_linear.ElementLinear`. The rest of the model (embeddings, radial
-    networks, linear layers, readouts, MACE's ``forward``) is not touched. Energies, forces and stress equal MACE's to rounding; the state dict is MACE's, key for key. Blocks
-    already converted are left as they are. Nothing is changed when an error is raised.
+    networks, linear layers, readouts, MACE's ``forward``) is not touched. Energies, forces and stress equal
+    MACE's to rounding; the state dict is MACE's, key for key. Blocks already converted are left as they are.
+    Nothing is changed when an error is raised.
 
     Args:
         model: the MACE model or block (its parameters on any device, float32 or float64).

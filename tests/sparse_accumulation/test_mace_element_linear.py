@@ -51,8 +51,8 @@ def _attributes(generator, kind, nodes, elements):
 @pytest.mark.parametrize("irreps_in, irreps_out, elements", CASES)
 @pytest.mark.parametrize("kind", ["one-hot", "integer", "scaled", "soft"])
 def test_outputs_and_gradients_to_second_order_equal_e3nns(generator, irreps_in, irreps_out, elements, kind):
-    """150 nodes over the elements but the first: several tiles per element (32 nodes each), a partial last tile
-    of each, an element without nodes."""
+    """150 nodes over the elements but the first: several tiles per element (32 or 64 nodes each), a partial last
+    tile of each, an element without nodes."""
     tp, ours = _made(generator, irreps_in, irreps_out, elements)
     nodes = 150
     y, y_e3nn = _attributes(generator, kind, nodes, elements)
@@ -66,7 +66,8 @@ def test_outputs_and_gradients_to_second_order_equal_e3nns(generator, irreps_in,
         second = torch.autograd.grad((gx * H).sum(), (x, tp.weight), allow_unused=True, materialize_grads=True)
         return [out, gx, gw, *second]
 
-    # out, its gradients (x, weight), and the gradients of gx . H: in x zero (the map is linear in x), in the weight not
+    # out, its gradients (x, weight), and the gradients of gx . H: in x zero (the map is linear in x), in the
+    # weight not
     for i, (got, expected) in enumerate(zip(derivatives(ours, y), derivatives(tp, y_e3nn), strict=True)):
         scale = expected.abs().max().item()
         assert (scale == 0) == (i == 3)
@@ -94,7 +95,7 @@ def test_pseudoscalar_attributes_and_a_single_node(generator):
 
 
 def test_what_is_refused(generator):
-    assert ElementLinear.refusal(o3.Linear("2x0e", "2x0e")) .startswith("not e3nn's")
+    assert ElementLinear.refusal(o3.Linear("2x0e", "2x0e")).startswith("not e3nn's")
     with pytest.raises(TypeError, match="FullyConnectedTensorProduct"):
         ElementLinear(o3.TensorProduct("2x0e", "2x0e", "2x0e", [(0, 0, 0, "uvw", True)]))
     with pytest.raises(ValueError, match="one irrep of scalars"):
@@ -110,6 +111,11 @@ def test_what_is_refused(generator):
         ours(torch.zeros(4, 2, dtype=torch.float64), torch.zeros(4, 2, dtype=torch.float64))
 
 
+def test_tile_rows_follow_the_nodes_per_element():
+    assert [element_linear.tile_rows(n, 89) for n in (0, 1000, 3000, 10_000, 10 ** 6)] == [8, 8, 32, 64, 64]
+    assert element_linear.tile_rows(150, 2) == 64 and element_linear.tile_rows(150, 4) == 32
+
+
 def test_compiled_calls_equal_e3nns(generator):
     """Under torch.compile (node counts of two sizes: the tile table's shapes follow the node count)."""
     tp, ours = _made(generator, "4x0e + 3x1o", "4x0e + 3x1o", 3)
@@ -122,7 +128,8 @@ def test_compiled_calls_equal_e3nns(generator):
 
 def test_tiles_hold_at_most_their_rows(generator, monkeypatch):
     """With tiles of 4 nodes (many tiles per element) the outputs still equal e3nn's: the tile size is read."""
-    monkeypatch.setattr(element_linear, "TILE_ROWS", 4)
+    monkeypatch.setattr(element_linear, "TILE_ROWS", (4, 4))
+    assert element_linear.tile_rows(30, 3) == 4
     tp, ours = _made(generator, "3x0e + 2x1o", "3x0e + 2x1o", 3)
     x = torch.randn(30, tp.irreps_in1.dim, generator=generator, dtype=torch.float64)
     y = torch.nn.functional.one_hot(torch.randint(0, 3, (30,), generator=generator), 3).double()
