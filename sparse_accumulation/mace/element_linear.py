@@ -22,14 +22,14 @@ from .attributes import prepare
 __all__ = ["ElementLinear"]
 
 #: the fewest and most nodes per tile (:func:`tile_rows`)
-TILE_ROWS = (8, 64)
+TILE_ROWS = (8, 32)
 
 
 def tile_rows(nodes: int, elements: int) -> int:
     """Nodes per tile: about the mean count of an element's nodes (a power of two within :data:`TILE_ROWS`). Each
     tile multiplies ``[rows * components, u]`` by its element's ``[u, w]``, and the tiles hold ``ceil(N / rows) +
     E`` tiles' rows, padding included: larger tiles pad more, smaller ones read more weights (on the 2-core
-    development machine at 89 elements: 8 rows fastest at 10^3 nodes, 32-64 at 10^4)."""
+    development machine at 89 elements: 8 rows fastest at 10^3 nodes, 32 and 64 alike at 10^4)."""
     fewest, most = TILE_ROWS
     mean = max(1, nodes // max(1, elements))
     return max(fewest, min(most, 1 << (mean.bit_length() - 1)))

@@ -51,7 +51,7 @@ def _attributes(generator, kind, nodes, elements):
 @pytest.mark.parametrize("irreps_in, irreps_out, elements", CASES)
 @pytest.mark.parametrize("kind", ["one-hot", "integer", "scaled", "soft"])
 def test_outputs_and_gradients_to_second_order_equal_e3nns(generator, irreps_in, irreps_out, elements, kind):
-    """150 nodes over the elements but the first: several tiles per element (32 or 64 nodes each), a partial last
+    """150 nodes over the elements but the first: several tiles per element (32 nodes each), a partial last
     tile of each, an element without nodes."""
     tp, ours = _made(generator, irreps_in, irreps_out, elements)
     nodes = 150
@@ -112,8 +112,8 @@ def test_what_is_refused(generator):
 
 
 def test_tile_rows_follow_the_nodes_per_element():
-    assert [element_linear.tile_rows(n, 89) for n in (0, 1000, 3000, 10_000, 10 ** 6)] == [8, 8, 32, 64, 64]
-    assert element_linear.tile_rows(150, 2) == 64 and element_linear.tile_rows(150, 4) == 32
+    assert [element_linear.tile_rows(n, 89) for n in (0, 1000, 2000, 3000, 10 ** 6)] == [8, 8, 16, 32, 32]
+    assert element_linear.tile_rows(150, 2) == 32 and element_linear.tile_rows(150, 10) == 8
 
 
 def test_compiled_calls_equal_e3nns(generator):
