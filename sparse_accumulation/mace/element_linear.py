@@ -47,16 +47,18 @@ class ElementLinear(torch.nn.Module):
             (``Ex0e`` or ``Ex0o``, ``E`` elements), with internal, shared weights.
 
     Raises:
+        ImportError: e3nn is not installed.
         TypeError: ``tensor_product`` is not e3nn's ``FullyConnectedTensorProduct``.
         ValueError: a second input other than one irrep of scalars, or weights that are not internal and shared.
     """
 
     def __init__(self, tensor_product: torch.nn.Module):
         super().__init__()
+        from e3nn import o3
+
         problem = self.refusal(tensor_product)
         if problem is not None:
             raise (TypeError if problem.startswith("not") else ValueError)(problem)
-        from e3nn import o3
 
         tp = tensor_product
         self.irreps_in1, self.irreps_in2, self.irreps_out = tp.irreps_in1, tp.irreps_in2, tp.irreps_out
@@ -85,7 +87,7 @@ class ElementLinear(torch.nn.Module):
         try:
             from e3nn import o3
         except ImportError:
-            return "not convertible without e3nn installed"
+            return "not convertible: e3nn is not installed"
         if type(tensor_product) is not o3.FullyConnectedTensorProduct:
             return (f"not e3nn's o3.FullyConnectedTensorProduct: {type(tensor_product).__module__}."
                     f"{type(tensor_product).__qualname__}")
