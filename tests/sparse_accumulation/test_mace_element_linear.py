@@ -116,6 +116,7 @@ def test_tile_rows_follow_the_nodes_per_element():
     assert element_linear.tile_rows(150, 2) == 32 and element_linear.tile_rows(150, 10) == 8
 
 
+@pytest.mark.slow
 def test_compiled_calls_equal_e3nns(generator):
     """Under torch.compile (node counts of two sizes: the tile table's shapes follow the node count)."""
     tp, ours = _made(generator, "4x0e + 3x1o", "4x0e + 3x1o", 3)
