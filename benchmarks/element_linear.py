@@ -28,24 +28,9 @@ sys.path.insert(0, HERE)
 from convolution import peak_mb  # noqa: E402
 from sparse_accumulation.bench.timing import compiled_kernels_only, measure  # noqa: E402
 from sparse_accumulation.mace import ElementLinear  # noqa: E402
+from symmetric_contraction import make_step  # noqa: E402
 
 MODES = ("fwd", "fwd+bwd", "double")
-
-
-def make_step(f, mode, x, y, G, H, weight):
-    def step():
-        x.grad = weight.grad = None
-        out = f(x, y)
-        if mode == "fwd":
-            return out
-        if mode == "fwd+bwd":
-            out.backward(G)
-            return out
-        gx, = torch.autograd.grad((out * G).sum(), x, create_graph=True)
-        (gx * H).sum().backward()
-        return gx
-
-    return step
 
 
 def main(argv=None) -> None:
@@ -75,7 +60,7 @@ def main(argv=None) -> None:
     assert error < 1e-12
     tp.float()
     for nodes in args.nodes:
-        x = torch.randn(nodes, tp.irreps_in1.dim, device=device, requires_grad=True)
+        x = torch.randn(nodes, tp.irreps_in1.dim, device=device)
         elements = torch.randint(0, args.elements, (nodes,), device=device)
         y = torch.nn.functional.one_hot(elements, args.elements).float()
         G = torch.randn(nodes, tp.irreps_out.dim, device=device)
@@ -83,7 +68,7 @@ def main(argv=None) -> None:
         for mode in args.modes.split(","):
             found = {}
             for name, f in (("e3nn", tp), ("ours", ours)):
-                step = make_step(f, mode, x, y, G, H, tp.weight)
+                step = make_step(lambda features, f=f: f(features, y), mode, x, G, H, [tp.weight])
                 ms = statistics.median(measure("call", step, device, repeats=args.repeats, warmup=2))
                 found[name] = (ms, peak_mb(step, device))
             (e_ms, e_mb), (o_ms, o_mb) = found["e3nn"], found["ours"]

@@ -58,16 +58,23 @@ class Descriptor:
         """
         with cls._registry_lock:
             found = cls._registry.get(key)
-        if found is None:
-            if not isinstance(key, str):
-                raise ValueError(f"a {cls.__name__} key is a string, got {type(key).__name__}")
-            found = cls._decode(key)
+            if found is not None:
+                cls._hold(key, found)
+                return found
+        if not isinstance(key, str):
+            raise ValueError(f"a {cls.__name__} key is a string, got {type(key).__name__}")
+        found = cls._decode(key)
         with cls._registry_lock:
-            cls._recent[key] = found
-            cls._recent.move_to_end(key)
-            while len(cls._recent) > RECENT:
-                cls._recent.popitem(last=False)
+            cls._hold(key, found)
         return found
+
+    @classmethod
+    def _hold(cls, key: str, found: "Descriptor") -> None:
+        """Hold ``found`` among the most recently found (the registry's lock held)."""
+        cls._recent[key] = found
+        cls._recent.move_to_end(key)
+        while len(cls._recent) > RECENT:
+            cls._recent.popitem(last=False)
 
     def cached(self, key, build):
         """What ``build()`` makes, made once per ``key`` for this descriptor (thread-safe)."""

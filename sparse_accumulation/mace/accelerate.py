@@ -1,6 +1,6 @@
 """MACE models on this library's kernels: :func:`accelerate` converts a model MACE built or loaded, in place.
 
-Two kinds of layer change, and nothing else:
+Three kinds of layer change, and nothing else:
 
 * each interaction block's convolution ``conv_tp`` (e3nn's ``TensorProduct``, mode ``"uvu"``, per-edge weights
   from the radial network) becomes a :class:`Convolution`: the gather of the senders' features, the per-edge

@@ -121,9 +121,14 @@ class ElementLinear(torch.nn.Module):
             raise ValueError(f"y must have x's {x.shape[0]} nodes, got shape {tuple(y.shape)}")
         attributes = prepare(y, self.num_elements, "y")
         if attributes.per_node is not None:
-            blocks = self._every_element(x, attributes.per_node.to(x.dtype))
+            parts = self._every_element(x, attributes.per_node.to(x.dtype))
         else:
-            blocks = self._per_element(x, attributes.elements)
+            parts = self._per_element(x, attributes.elements)
+        blocks = [None] * len(self._outputs)
+        for i_out, part in parts:
+            blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
+        blocks = [b if b is not None else x.new_zeros(x.shape[0], mul * dim)  # no instruction writes it
+                  for b, (mul, dim) in zip(blocks, self._outputs)]
         out = torch.cat(blocks, dim=1) if blocks else x.new_zeros(x.shape[0], 0)
         return out if attributes.scale is None else out * attributes.scale.to(x.dtype)
 
@@ -131,28 +136,21 @@ class ElementLinear(torch.nn.Module):
         return self.weight.narrow(0, offset, mul_in * self.num_elements * mul_out).view(
             mul_in, self.num_elements, mul_out)
 
-    def _finish(self, x, blocks) -> list:
-        """The output blocks, zeros where no instruction writes."""
-        return [b if b is not None else x.new_zeros(x.shape[0], mul * dim)
-                for b, (mul, dim) in zip(blocks, self._outputs)]
-
-    def _every_element(self, x, y) -> list:
-        """e3nn's sum over every element (rows that are not one-hot)."""
-        blocks = [None] * len(self._outputs)
+    def _every_element(self, x, y):
+        """``(output index, [N, mul_out * dim])`` per instruction: e3nn's sum over every element (rows that are
+        not one-hot)."""
         N = x.shape[0]
         for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
             features = x[:, start:start + mul_in * dim].view(N, mul_in, dim)
             part = torch.einsum("nuk,nv,uvw->nwk", features, y, self._weights(offset, mul_in, mul_out))
-            part = (factor * part).reshape(N, mul_out * dim)
-            blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
-        return self._finish(x, blocks)
+            yield i_out, (factor * part).reshape(N, mul_out * dim)
 
-    def _per_element(self, x, elements) -> list:
-        """Each node's own element only, tile by tile (see the module docstring)."""
+    def _per_element(self, x, elements):
+        """``(output index, [N, mul_out * dim])`` per instruction: each node's own element only, tile by tile (see
+        the module docstring)."""
         N = x.shape[0]
-        blocks = [None] * len(self._outputs)
         if N == 0:
-            return self._finish(x, blocks)
+            return
         rows = tile_rows(N, self.num_elements)
         table, _ = elements.tiles(rows)
         tiles = table.shape[1]
@@ -166,7 +164,5 @@ class ElementLinear(torch.nn.Module):
             features = x[:, start:start + mul_in * dim].view(N, mul_in, dim).transpose(1, 2)[node]
             weights = self._weights(offset, mul_in, mul_out).index_select(1, table[0]).transpose(0, 1)
             product = torch.bmm(features.reshape(tiles, rows * dim, mul_in), weights)  # [tiles, rows * dim, w]
-            part = (factor * product).view(tiles * rows, dim, mul_out)[slot].transpose(1, 2).reshape(
+            yield i_out, (factor * product).view(tiles * rows, dim, mul_out)[slot].transpose(1, 2).reshape(
                 N, mul_out * dim)
-            blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
-        return self._finish(x, blocks)
