@@ -15,7 +15,8 @@ it, keyed by the tensors' identity and version counters, for a bounded number of
   and makes a new entry;
 * inference-safe: inference tensors (made under ``torch.inference_mode()``) have no version counter and may be
   changed in place inside inference mode, so what is made from them is never remembered (made afresh each
-  call, with the same results);
+  call, with the same results); what is made inside inference mode from other tensors is found but not kept
+  (it is inference tensors, which a later call outside inference mode could not save for its backward);
 * capture-safe: nothing is remembered or found while a CUDA graph is being captured (the capture must record
   the device work, or a replay would reuse what the index held at capture time), while ``torch.compile``
   traces, or inside :func:`unremembered` (the bodies of registered ops that compiled graphs call: their
@@ -84,6 +85,8 @@ class Memory:
                 self._entries.move_to_end(key)
                 return hit[1]
         value = make()
+        if torch.is_inference_mode_enabled():
+            return value
         with self._lock:
             self._entries[key] = (tuple(weakref.ref(t) for t in tensors), value)
             while len(self._entries) > self.size:

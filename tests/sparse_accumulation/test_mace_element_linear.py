@@ -85,6 +85,19 @@ def test_the_weight_is_e3nns_parameter_and_the_state_dict_e3nns(generator):
     assert torch.allclose(ours(x, y), other(x, y), rtol=0, atol=1e-12)
 
 
+def test_a_call_in_inference_mode_then_one_that_trains(generator):
+    """The elements prepared for the attributes inside ``torch.inference_mode()`` are not kept for the next call,
+    which saves them for its backward (inference tensors cannot be)."""
+    tp, ours = _made(generator, "4x0e + 2x1o", "3x0e + 2x1o", 3)
+    x = torch.randn(40, tp.irreps_in1.dim, generator=generator, dtype=torch.float64, requires_grad=True)
+    y = torch.nn.functional.one_hot(torch.randint(0, 3, (40,), generator=generator), 3).double()
+    with torch.inference_mode():
+        assert torch.allclose(ours(x, y), tp(x, y), rtol=0, atol=1e-12)
+    got, = torch.autograd.grad(ours(x, y).square().sum(), x)
+    expected, = torch.autograd.grad(tp(x, y).square().sum(), x)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12 * expected.abs().max().item())
+
+
 def test_pseudoscalar_attributes_and_a_single_node(generator):
     tp, ours = _made(generator, "3x0e + 2x1o", "2x0o + 2x1e", 2, attributes="0o")
     x = torch.randn(1, tp.irreps_in1.dim, generator=generator, dtype=torch.float64)
