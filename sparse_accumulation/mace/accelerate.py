@@ -1,6 +1,6 @@
 """MACE models on this library's kernels: :func:`accelerate` converts a model MACE built or loaded, in place.
 
-Three kinds of layer change, and nothing else:
+Five kinds of layer change, and nothing else:
 
 * each interaction block's convolution ``conv_tp`` (e3nn's ``TensorProduct``, mode ``"uvu"``, per-edge weights
   from the radial network) becomes a :class:`Convolution`: the gather of the senders' features, the per-edge
@@ -13,7 +13,12 @@ Three kinds of layer change, and nothing else:
   (:meth:`~.symmetric_contraction.SymmetricContraction.from_mace`);
 * each interaction block's skip connection ``skip_tp`` (e3nn's ``FullyConnectedTensorProduct`` of the node
   features with the one-hot node attributes) becomes :class:`~.element_linear.ElementLinear`: one matrix product
-  per element instead of a product with every element's weights.
+  per element instead of a product with every element's weights;
+* every e3nn ``o3.Linear`` of the model (embedding, the blocks' linear layers, readouts) becomes
+  :class:`sparse_accumulation.e3nn.Linear`, whose backward does not write a gradient the size of the whole input
+  for each of its irreps;
+* every e3nn ``nn.FullyConnectedNet`` (the radial networks) becomes :class:`sparse_accumulation.e3nn.FullyConnectedNet`,
+  the same function with its normalisation constants folded into its weights.
 
 All keep MACE's state dict, key for key (the tensors they do not compute with are held as they are), so MACE's
 checkpoints load into a converted model and its state loads back into MACE with ``strict=True``.
@@ -27,6 +32,8 @@ from typing import Optional
 
 import torch
 
+from ..e3nn.fully_connected import FullyConnectedNet
+from ..e3nn.linear import Linear
 from ..e3nn.tensor_product import TensorProduct
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
@@ -170,8 +177,10 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     :meth:`SymmetricContraction.from_mace(..., mace_buffers=True)
     <sparse_accumulation.mace.SymmetricContraction.from_mace>` as ``symmetric_contractions``, and every converted
     interaction block's ``skip_tp`` that is e3nn's ``FullyConnectedTensorProduct`` with node attributes of
-    scalars becomes an :class:`~.element_linear.ElementLinear`. The rest of the model (embeddings, radial
-    networks, linear layers, readouts, MACE's ``forward``) is not touched. Energies, forces and stress equal
+    scalars becomes an :class:`~.element_linear.ElementLinear`, every e3nn ``o3.Linear`` a
+    :class:`sparse_accumulation.e3nn.Linear` and every e3nn ``nn.FullyConnectedNet`` (the radial networks) a
+    :class:`sparse_accumulation.e3nn.FullyConnectedNet`, each holding the parameters of the layer it replaces. The
+    rest of the model (embeddings' other parts, activations, MACE's ``forward``) is not touched. Energies, forces and stress equal
     MACE's to rounding; the state dict is MACE's, key for key. Blocks already converted are left as they are.
     Nothing is changed when an error is raised.
 
@@ -238,6 +247,7 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
                                                    mace_buffers=True) for block in products]
     skips = [ElementLinear(block.skip_tp) if ElementLinear.refusal(getattr(block, "skip_tp", None)) is None
              else None for block in interactions]
+    layers = _dense_layers(model)
     for block, convolution, skip in zip(interactions, convolutions, skips):
         block.conv_tp = convolution
         block.conv_fusion = "sparse_accumulation"
@@ -245,4 +255,21 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
             block.skip_tp = skip
     for block, contraction in zip(products, contractions):
         block.symmetric_contractions = contraction
+    for parent, name, layer in layers:
+        setattr(parent, name, layer)
     return model
+
+
+def _dense_layers(model: torch.nn.Module) -> list:
+    """``(parent, name, replacement)`` for each of the model's e3nn ``o3.Linear`` (without e3nn's ``f_in``)
+    and ``nn.FullyConnectedNet``."""
+    from e3nn import nn, o3
+
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is o3.Linear and child.weight.dim() <= 1:
+                found.append((parent, name, Linear.from_e3nn(child)))
+            elif type(child) is nn.FullyConnectedNet:
+                found.append((parent, name, FullyConnectedNet.from_e3nn(child)))
+    return found

@@ -50,15 +50,18 @@ def _attributes(generator, kind, nodes, elements):
 
 @pytest.mark.parametrize("irreps_in, irreps_out, elements", CASES)
 @pytest.mark.parametrize("kind", ["one-hot", "integer", "scaled", "soft"])
-def test_outputs_and_gradients_to_second_order_equal_e3nns(generator, irreps_in, irreps_out, elements, kind):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_outputs_and_gradients_to_second_order_equal_e3nns(generator, irreps_in, irreps_out, elements, kind, device):
     """150 nodes over the elements but the first: several tiles per element (32 nodes each), a partial last
     tile of each, an element without nodes."""
     tp, ours = _made(generator, irreps_in, irreps_out, elements)
+    tp, ours = tp.to(device), ours.to(device)
     nodes = 150
-    y, y_e3nn = _attributes(generator, kind, nodes, elements)
-    x = torch.randn(nodes, tp.irreps_in1.dim, generator=generator, dtype=torch.float64, requires_grad=True)
-    G = torch.randn(nodes, tp.irreps_out.dim, generator=generator, dtype=torch.float64)
-    H = torch.randn(nodes, tp.irreps_in1.dim, generator=generator, dtype=torch.float64)
+    y, y_e3nn = (a.to(device) for a in _attributes(generator, kind, nodes, elements))
+    x = torch.randn(nodes, tp.irreps_in1.dim, generator=generator, dtype=torch.float64).to(device).requires_grad_()
+    G = torch.randn(nodes, tp.irreps_out.dim, generator=generator, dtype=torch.float64).to(device)
+    H = torch.randn(nodes, tp.irreps_in1.dim, generator=generator, dtype=torch.float64).to(device)
 
     def derivatives(module, attributes):
         out = module(x, attributes)

@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import sparse_accumulation as sa
 
@@ -18,14 +19,15 @@ SCRIPT = textwrap.dedent('''
     from sparse_accumulation.mace import SymmetricContraction
 
     torch.manual_seed(0)
+    device = sys.argv[1]
     m1, m2, mu, C = sa.get_cg_transformation_rule(1, 1, 1, dtype=torch.float64)
-    rule = sa.Rule(m1, m2, mu, 3)
+    rule, C = sa.Rule(m1, m2, mu, 3), C.to(device)
     contraction = SymmetricContraction("4x0e + 4x1o", "4x0e + 4x1o", correlation=3, num_elements=2,
-                                       dtype=torch.float64)
+                                       dtype=torch.float64).to(device)
     nodes, edges = 6, 20
-    src, dst = torch.randint(0, nodes, (edges,)), torch.randint(0, nodes, (edges,))
-    pairs = torch.randint(0, nodes, (edges,)), torch.randint(0, nodes, (edges,))
-    elements = torch.randint(0, 2, (nodes,))
+    src, dst = torch.randint(0, nodes, (edges,), device=device), torch.randint(0, nodes, (edges,), device=device)
+    pairs = torch.randint(0, nodes, (edges,), device=device), torch.randint(0, nodes, (edges,), device=device)
+    elements = torch.randint(0, 2, (nodes,), device=device)
 
     def energy(x, vectors):
         a = sa.accumulate_rule(vectors, vectors, rule, C)                                     # a rule
@@ -35,8 +37,8 @@ SCRIPT = textwrap.dedent('''
         env = sa.envsum(vectors[:, 0, :2].contiguous(), b, *pairs)                            # pair sums
         return (b ** 2).sum() + env.sum()
 
-    x = torch.randn(nodes, 4, 3, dtype=torch.float64, requires_grad=True)
-    vectors = torch.randn(edges, 1, 3, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(nodes, 4, 3, dtype=torch.float64, device=device, requires_grad=True)
+    vectors = torch.randn(edges, 1, 3, dtype=torch.float64, device=device, requires_grad=True)
     compiled = torch.compile(energy, fullgraph=True)
     value = compiled(x, vectors)
     grads = torch.autograd.grad(value, (x, vectors))
@@ -94,15 +96,16 @@ def test_descriptors_are_rebuilt_from_their_keys_in_a_new_process():
         assert rebuilt[name] == [True, repr(d)], name
 
 
-@pytest.mark.slow
-def test_compiled_graphs_run_in_a_new_process_from_a_warm_cache(tmp_path):
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_compiled_graphs_run_in_a_new_process_from_a_warm_cache(tmp_path, device):
     script = tmp_path / "step.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), TORCHINDUCTOR_FX_GRAPH_CACHE="1",
                TORCHINDUCTOR_AUTOGRAD_CACHE="1")
     runs = []
     for _ in range(2):  # a cold cache, then a new process on the warm one
-        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, str(script), device], env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for run in runs:

@@ -1,0 +1,91 @@
+"""e3nn's ``nn.FullyConnectedNet`` (the radial networks of NequIP and MACE) with its normalisation constants
+folded into the weights.
+
+e3nn's layer multiplies its output by the activation's normalisation constant and by ``variance_out ** 0.5``
+(1 inside the network), two passes over a ``[rows, width]`` tensor per layer, and as many again in each
+backward. Both are constants after a linear map, so they scale the next layer's (small) weight matrix instead;
+the network computes the same function.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import torch
+
+__all__ = ["FullyConnectedNet"]
+
+
+def _e3nn_nn():
+    try:
+        import e3nn.nn
+    except ImportError as error:
+        raise ImportError("sparse_accumulation.e3nn.FullyConnectedNet needs e3nn (pip install e3nn)") from error
+    return e3nn.nn
+
+
+class FullyConnectedNet(torch.nn.Module):
+    r"""e3nn's fully connected network: e3nn 0.6.0's constructor, parameters (``layer{i}.weight`` of shape
+    ``[hs[i], hs[i + 1]]``), initialisation and state dict; ``forward(x [..., hs[0]]) -> [..., hs[-1]]``.
+
+    Args:
+        hs: input, hidden and output widths.
+        act: the activation (normalised to a second moment of 1 as e3nn does), or None.
+        variance_in, variance_out: e3nn's variances of the input and output.
+        out_act: apply the activation after the last layer too.
+
+    Raises:
+        ImportError: e3nn is not installed.
+    """
+
+    def __init__(self, hs: Sequence[int], act: Optional[Callable] = None, variance_in: float = 1,
+                 variance_out: float = 1, out_act: bool = False) -> None:
+        super().__init__()
+        self._adopt(_e3nn_nn().FullyConnectedNet(list(hs), act, variance_in, variance_out, out_act))
+
+    @classmethod
+    def from_e3nn(cls, net: torch.nn.Module) -> "FullyConnectedNet":
+        """The same network as e3nn's ``net`` (an ``e3nn.nn.FullyConnectedNet``), holding its layers and so its
+        weight parameters (training either trains both).
+
+        Raises:
+            TypeError: ``net`` is not e3nn's ``FullyConnectedNet`` of e3nn's layers and normalised activations.
+        """
+        nn = _e3nn_nn()
+        if type(net) is not nn.FullyConnectedNet:
+            raise TypeError(f"net must be e3nn's nn.FullyConnectedNet, got {type(net).__module__}."
+                            f"{type(net).__qualname__}")
+        ours = cls.__new__(cls)
+        torch.nn.Module.__init__(ours)
+        ours._adopt(net)
+        return ours
+
+    def _adopt(self, net: torch.nn.Module) -> None:
+        """Hold ``net``'s layers under their names; read each layer's scale and activation."""
+        from e3nn.math import normalize2mom
+        from e3nn.nn._fc import _Layer
+
+        self.hs: List[int] = list(net.hs)
+        self._steps = []  # (scale of the layer's weight, activation or None), the constants carried forward
+        carry = 1.0
+        for name, layer in net.named_children():
+            if type(layer) is not _Layer or not (layer.act is None or isinstance(layer.act, normalize2mom)):
+                raise TypeError(f"net.{name} is not e3nn's layer with a normalised activation: {layer!r}")
+            self.add_module(name, layer)
+            if layer.act is None:
+                self._steps.append((carry / (layer.h_in * layer.var_in / layer.var_out) ** 0.5, None))
+                carry = 1.0
+            else:
+                self._steps.append((carry / (layer.h_in * layer.var_in) ** 0.5, layer.act.f))
+                carry = (1.0 if layer.act._is_id else layer.act.cst) * layer.var_out ** 0.5
+        self._last_scale = carry
+
+    def __repr__(self) -> str:
+        return f"{self.__class__.__name__}{self.hs}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., hs[0]]`` -> ``[..., hs[-1]]``, e3nn's function."""
+        for layer, (scale, act) in zip(self.children(), self._steps):
+            x = x @ (layer.weight * scale)
+            if act is not None:
+                x = act(x)
+        return x if self._last_scale == 1.0 else x * self._last_scale
