@@ -10,7 +10,10 @@
 What is made from index tensors is found again on later calls with the same tensors. A :class:`Memory` holds
 it, keyed by the tensors' identity and version counters, for a bounded number of recent tensors:
 
-* identity through weak references: a freed tensor whose address is reused by another never hits;
+* identity through weak references: a freed tensor whose address is reused by another never hits, and an entry
+  goes when its tensor is freed (unless what was made holds the tensor);
+* views: a view is named by the tensor it views and where it lies in it, so that ``edge_index[0]``, taken
+  afresh on each call, finds what the first call made;
 * version-aware: any in-place change through torch (``t[0] = 1``, ``t.copy_(...)``) bumps the version counter
   and makes a new entry;
 * inference-safe: inference tensors (made under ``torch.inference_mode()``) have no version counter and may be
@@ -29,6 +32,7 @@ Changes made behind torch's back (through a numpy view of a tensor's memory) are
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import weakref
 from collections import OrderedDict
@@ -71,27 +75,37 @@ class Memory:
     def __init__(self, size: int):
         self.size = size
         self._entries: "OrderedDict[tuple, tuple]" = OrderedDict()
-        self._lock = threading.Lock()
+        # reentrant: freeing an evicted entry's tensor may call _forget while the lock is held
+        self._lock = threading.RLock()
         _memories.add(self)
 
     def get(self, tensors: Sequence[torch.Tensor], extra: tuple, make: Callable[[], object]):
         """``make()``, or what it returned for the same, unchanged ``tensors`` and equal ``extra`` (hashable)."""
         if not rememberable(tensors):
             return make()
-        key = tuple((id(t), t._version) for t in tensors) + tuple(extra)
+        bases = [_base(t) for t in tensors]
+        key = tuple(_identity(t, b) for t, b in zip(tensors, bases)) + tuple(extra)
         with self._lock:
             hit = self._entries.get(key)
-            if hit is not None and all(ref() is t for ref, t in zip(hit[0], tensors)):
+            if hit is not None and all(ref() is b for ref, b in zip(hit[0], bases)):
                 self._entries.move_to_end(key)
                 return hit[1]
         value = make()
         if torch.is_inference_mode_enabled():
             return value
+        forget = functools.partial(_forget, weakref.ref(self), key)
         with self._lock:
-            self._entries[key] = (tuple(weakref.ref(t) for t in tensors), value)
+            self._entries[key] = (tuple(weakref.ref(b, forget) for b in bases), value)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
         return value
+
+    def _forget(self, key: tuple) -> None:
+        """Drop ``key``'s entry if it is still there and one of its tensors is gone."""
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and any(ref() is None for ref in hit[0]):
+                del self._entries[key]
 
     def clear(self) -> None:
         """Forget every entry."""
@@ -100,6 +114,24 @@ class Memory:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _base(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory ``t`` views (``t`` itself if it is not a view)."""
+    return t if t._base is None else t._base
+
+
+def _identity(t: torch.Tensor, base: torch.Tensor) -> tuple:
+    """What names ``t``'s values while they are unchanged: its base's identity and version counter (shared by
+    its views) and where in the base it lies."""
+    return id(base), base._version, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype
+
+
+def _forget(memory_ref, key, _dead_ref) -> None:
+    """Weak-reference callback: a tensor of ``key`` was freed."""
+    memory = memory_ref()
+    if memory is not None:
+        memory._forget(key)
 
 
 def clear() -> None:
@@ -215,7 +247,16 @@ class Index:
         # unchecked values may be in any order: only a verified order lets the segments skip the permutation
         self.sorted = ordered and sorted is not False
         self._version = None if self.tensor.is_inference() else self.tensor._version
-        self._segments = None
+        self._segments = [None]  # a list: the Indexes of one prepared tensor share it (prepared_index)
+
+    @classmethod
+    def _again(cls, index: torch.Tensor, size: int, sorted: bool, segments: list) -> "Index":
+        """The Index of ``index`` from what an earlier one found: its order and its segments' holder."""
+        made = cls.__new__(cls)
+        made.size, made.sorted, made._segments = size, sorted, segments
+        made.tensor = index.to(torch.int64).contiguous()
+        made._version = None if made.tensor.is_inference() else made.tensor._version
+        return made
 
     def __len__(self) -> int:
         return self.tensor.shape[0]
@@ -237,13 +278,13 @@ class Index:
     def segments(self) -> tuple:
         """``(offsets, order)``: the edges of row ``r`` are ``order[offsets[r]:offsets[r + 1]]`` (``order`` None
         when the index is sorted); made once, on the device."""
-        if self._segments is None:
+        if self._segments[0] is None:
             if self.sorted:
                 boundaries = torch.arange(self.size + 1, device=self.device, dtype=torch.int64)
-                self._segments = (torch.searchsorted(self.tensor, boundaries), None)
+                self._segments[0] = (torch.searchsorted(self.tensor, boundaries), None)
             else:
-                self._segments = segments(self.tensor, self.size)
-        return self._segments
+                self._segments[0] = segments(self.tensor, self.size)
+        return self._segments[0]
 
 
 def _summary(t: torch.Tensor) -> tuple:
@@ -257,18 +298,20 @@ _prepared_indices = Memory(256)
 
 
 def prepared_index(name: str, t: torch.Tensor, size: int) -> Index:
-    """The :class:`Index` of an index tensor ``name``, checked on its first use and found again while ``t`` is
-    unchanged (and made afresh, unchecked, while a CUDA graph is captured: nothing may be read then)."""
+    """The :class:`Index` of an index tensor ``name``, checked on its first use; later calls with ``t`` (or the
+    same view of the same tensor) unchanged find its order and segments again, until ``t`` is freed (made afresh,
+    unchecked, while a CUDA graph is captured: nothing may be read then)."""
     if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return Index(t, size, check=False)
 
     def make():
         try:
-            return Index(t, size)
+            index = Index(t, size)
         except IndexError as error:
             raise IndexError(str(error).replace("index contains", f"{name} contains", 1)) from None
+        return index.sorted, index._segments  # not the Index: it holds the tensor, which would outlive its user
 
-    return _prepared_indices.get((t,), (size,), make)
+    return Index._again(t, size, *_prepared_indices.get((t,), (size,), make))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@ Five kinds of layer change, and nothing else:
 * every e3nn ``nn.FullyConnectedNet`` (the radial networks) becomes :class:`sparse_accumulation.e3nn.FullyConnectedNet`,
   the same function with its normalisation constants folded into its weights.
 
+A converted MACE model also checks its batch's ``edge_index`` first thing (``prepare_edges_first``, a forward
+pre-hook), so that the convolutions' reading of the indices does not stop the host in the middle of the step.
+
 All keep MACE's state dict, key for key (the tensors they do not compute with are held as they are), so MACE's
 checkpoints load into a converted model and its state loads back into MACE with ``strict=True``.
 
@@ -35,10 +38,11 @@ import torch
 from ..e3nn.fully_connected import FullyConnectedNet
 from ..e3nn.linear import Linear
 from ..e3nn.tensor_product import TensorProduct
+from ..indices import prepared_index
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
-__all__ = ["accelerate", "Convolution", "INTERACTION_BLOCKS"]
+__all__ = ["accelerate", "Convolution", "INTERACTION_BLOCKS", "prepare_edges_first"]
 
 #: MACE's interaction block classes (``mace.modules.blocks``) whose convolution :func:`accelerate` replaces:
 #: every one mace-torch 0.3.16 ships; their ``forward`` takes the fused path when the block has ``conv_fusion``
@@ -180,7 +184,8 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     scalars becomes an :class:`~.element_linear.ElementLinear`, every e3nn ``o3.Linear`` a
     :class:`sparse_accumulation.e3nn.Linear` and every e3nn ``nn.FullyConnectedNet`` (the radial networks) a
     :class:`sparse_accumulation.e3nn.FullyConnectedNet`, each holding the parameters of the layer it replaces. The
-    rest of the model (embeddings' other parts, activations, MACE's ``forward``) is not touched. Energies, forces and stress equal
+    rest of the model (embeddings' other parts, activations, MACE's ``forward``) is not touched. A model with
+    interaction blocks gets ``prepare_edges_first`` as a forward pre-hook (once). Energies, forces and stress equal
     MACE's to rounding; the state dict is MACE's, key for key. Blocks already converted are left as they are.
     Nothing is changed when an error is raised.
 
@@ -257,7 +262,34 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
         block.symmetric_contractions = contraction
     for parent, name, layer in layers:
         setattr(parent, name, layer)
+    if interactions and hasattr(model, "interactions") and not getattr(model, _PREPARES_EDGES, False):
+        model.register_forward_pre_hook(prepare_edges_first, with_kwargs=True)
+        setattr(model, _PREPARES_EDGES, True)
     return model
+
+
+_PREPARES_EDGES = "_sparse_accumulation_prepares_edges"
+
+
+def prepare_edges_first(model, args, kwargs) -> None:
+    """Forward pre-hook of a converted MACE model: check the batch's ``edge_index`` rows as the convolutions
+    will, before the model queues any GPU work. Checking reads the index values back (one
+    synchronisation per new ``edge_index``); here the device has almost nothing queued to wait for, where inside
+    the first convolution it waits for the radial networks and then idles while the host catches up. The
+    convolutions find the prepared rows (:func:`sparse_accumulation.indices.prepared_index`). Bad indices are
+    left for the convolutions to report."""
+    data = args[0] if args else kwargs.get("data")
+    if not isinstance(data, dict) or torch.compiler.is_compiling():
+        return
+    edge_index, nodes = data.get("edge_index"), data.get("node_attrs", data.get("positions"))
+    if not (isinstance(edge_index, torch.Tensor) and isinstance(nodes, torch.Tensor) and edge_index.dim() == 2
+            and edge_index.shape[0] == 2 and not edge_index.dtype.is_floating_point and nodes.dim() >= 1):
+        return
+    for row in (0, 1):
+        try:
+            prepared_index("edge_index", edge_index[row], nodes.shape[0])
+        except (IndexError, ValueError, TypeError):
+            return
 
 
 def _dense_layers(model: torch.nn.Module) -> list:

@@ -322,3 +322,25 @@ def test_without_maces_package_the_error_says_so(monkeypatch):
     monkeypatch.setitem(sys.modules, "mace", None)
     with pytest.raises(ImportError, match="needs mace-torch"):
         accelerate(torch.nn.Linear(2, 2))
+
+
+def test_the_edges_are_checked_once_before_the_model_runs(generator, monkeypatch):
+    """A converted model reads its batch's ``edge_index`` values once, at its start (both interactions'
+    convolutions find the checked rows), and a new ``edge_index`` is read again; the outputs stay MACE's."""
+    from sparse_accumulation import indices
+
+    model = mace_model(generator)
+    ours = accelerate(copy.deepcopy(model))
+    accelerate(ours)  # converting again adds no second hook
+    data = batch(structures(generator), model)
+    reads = []
+    real = indices._summary
+    monkeypatch.setattr(indices, "_summary", lambda t: reads.append(t.shape[0]) or real(t))
+    at_embedding = []
+    ours.node_embedding.register_forward_pre_hook(lambda module, args: at_embedding.append(len(reads)))
+    assert_same_outputs(ours, model, data)
+    assert reads == [data["edge_index"].shape[1]] * 2  # senders and receivers, once for both interactions
+    assert at_embedding == [2]  # before the model's first layer
+    fresh = dict(data, edge_index=data["edge_index"].clone())
+    assert_same_outputs(ours, model, fresh)
+    assert len(reads) == 4
