@@ -81,10 +81,14 @@ def e3nn_tests(tmp_path_factory):
     return root
 
 
-# e3nn's statistical normalization tests (forward passes of 10^4 rows for each of 100 weight draws per case) take
-# most of the time: marked ``statistical`` too, so that a run can leave them out
+# e3nn's statistical normalization tests (test_normalized: forward passes of 10^4 rows for each of 100 weight draws
+# per case; test_square_normalization: 10^6 rows) take most of the time: marked ``statistical`` too, so that a run
+# can leave them out
+_STATISTICAL = ("normalized-element", "normalized-other", "square-normalization")
+
+
 @pytest.mark.parametrize("keywords", [pytest.param(keywords, id=name, marks=[pytest.mark.statistical] * (
-    name.startswith("normalized"))) for name, keywords in _SHARDS.items()])
+    name in _STATISTICAL)) for name, keywords in _SHARDS.items()])
 def test_e3nns_tensor_product_tests_pass_on_this_librarys_classes(e3nn_tests, keywords, tmp_path):
     """The shard's tests pass, at least one runs, and they test this library's classes."""
     path = os.pathsep.join([str(e3nn_tests)] + [p for p in [os.environ.get("PYTHONPATH")] if p])

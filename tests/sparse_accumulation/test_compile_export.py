@@ -42,7 +42,7 @@ def test_export_with_a_dynamic_batch_dimension(generator):
         assert_close_to(program.module()(*inputs), model(*inputs), torch.float64)
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_compiled_rule_calls_match_eager(generator, backend):
     """Forward and first derivatives of compiled rule calls (broadcast operands, weighted rule) equal eager."""
     torch._dynamo.reset()
