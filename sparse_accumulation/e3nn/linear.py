@@ -215,20 +215,22 @@ class Linear(torch.nn.Module):
         return result.reshape(*lead, self._dim_out)
 
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
-        """Each weight entry's path weight on ``weight``'s device, in its dtype (made once per pair)."""
+        """Each weight entry's path weight on ``weight``'s device, in its dtype (made once per pair; not kept when
+        made while compiling, or inside inference mode, where it would be an inference tensor that a later call
+        that trains could not save for its backward)."""
         key = (weight.device, weight.dtype)
         found = self._path_weights.get(key)
         if found is None:
             found = self._path_weights[torch.device("cpu"), torch.float64].to(weight.device, weight.dtype)
-            if not torch.compiler.is_compiling():
+            if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
                 self._path_weights[key] = found
         return found
 
     def _plan(self) -> None:
         """What :meth:`forward` reads per output irrep: ``(mul, dim, paths, their total mul_in, bias offset or
         None)``, paths ``(input irrep, mul_in, weight block)`` of the instructions computed (none on multiplicity
-        0); the split
-        sizes of the input and the weight; each weight entry's path weight (float64, :meth:`_path_weights_like`)."""
+        0); the split sizes of the input and the weight; each weight entry's path weight (float64,
+        :meth:`_path_weights_like`)."""
         self._dim_in, self._dim_out = self.irreps_in.dim, self.irreps_out.dim  # plain ints for torch.compile
         self._in_sizes = [mul_ir.dim for mul_ir in self.irreps_in]
         weighted = [ins for ins in self.instructions if ins.i_in != -1]

@@ -38,7 +38,7 @@ import torch
 from ..e3nn.fully_connected import FullyConnectedNet
 from ..e3nn.linear import Linear
 from ..e3nn.tensor_product import TensorProduct
-from ..indices import prepared_index
+from ..indices import prepared_index, rememberable
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
@@ -279,11 +279,12 @@ def prepare_edges_first(model, args, kwargs) -> None:
     convolutions find the prepared rows (:func:`sparse_accumulation.indices.prepared_index`). Bad indices are
     left for the convolutions to report."""
     data = args[0] if args else kwargs.get("data")
-    if not isinstance(data, dict) or torch.compiler.is_compiling():
+    if not isinstance(data, dict) or torch.is_inference_mode_enabled():  # nothing made there is kept
         return
     edge_index, nodes = data.get("edge_index"), data.get("node_attrs", data.get("positions"))
     if not (isinstance(edge_index, torch.Tensor) and isinstance(nodes, torch.Tensor) and edge_index.dim() == 2
-            and edge_index.shape[0] == 2 and not edge_index.dtype.is_floating_point and nodes.dim() >= 1):
+            and edge_index.shape[0] == 2 and not edge_index.dtype.is_floating_point and nodes.dim() >= 1
+            and rememberable((edge_index,))):
         return
     for row in (0, 1):
         try:

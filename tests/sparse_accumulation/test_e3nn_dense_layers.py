@@ -106,6 +106,18 @@ def test_linear_on_empty_rows_and_leading_dimensions():
     assert ours(torch.randn(2, 3, 4, 5)).shape == (2, 3, 4, 9)
 
 
+def test_linear_called_in_inference_mode_then_in_training(generator):
+    """What a call inside ``torch.inference_mode()`` makes (the path weights in float32) is not kept for a later
+    call that trains."""
+    theirs = _e3nns_with_random_parameters(lambda: o3.Linear("2x0e + 1x1o", "3x0e + 1x1o"), generator).float()
+    ours = Linear.from_e3nn(theirs)
+    x = torch.randn(4, 5, generator=generator, requires_grad=True)
+    with torch.inference_mode():
+        assert torch.allclose(ours(x.detach()), theirs(x.detach()), rtol=0, atol=1e-5)
+    ours(x).sum().backward()
+    assert torch.allclose(x.grad, torch.autograd.grad(theirs(x).sum(), x)[0], rtol=0, atol=1e-5)
+
+
 def test_linear_refusals():
     with pytest.raises(NotImplementedError, match="f_in"):
         Linear("2x0e", "2x0e", f_in=3, f_out=3)
