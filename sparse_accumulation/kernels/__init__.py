@@ -87,6 +87,13 @@ Pair sums
 :func:`sparse_accumulation.envsum` and its siblings on tensors whose shapes were checked, ``pairs`` a
 :class:`sparse_accumulation.indices.Pairs` (what a kernel needs of the pair indices, prepared on demand).
 Outputs are new tensors of the inputs' dtype (16-bit inputs computed in float32).
+
+Activations
+-----------
+
+``silu_second_order(x, g, gg) -> (dx, dg)``: the gradients of ``g * silu'(x)`` for its output gradient ``gg``
+(three tensors of one shape and dtype; new tensors of that dtype, 16-bit inputs computed in float32). The Triton
+module returns None where an eager call's kernel is still compiling.
 """
 # imported under another name: importing the subpackage ``kernels.torch`` sets this package's attribute ``torch``
 import torch as _torch

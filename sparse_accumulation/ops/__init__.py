@@ -9,7 +9,7 @@
 
 Operations: :mod:`.accumulate` (sparse accumulation), :mod:`.graph` (message passing), :mod:`.polynomial`
 (element-weighted polynomials) and :mod:`.pair_sums` (HIP-NN's interaction sums). Importing this package
-registers every op.
+registers every op. :mod:`.activations` (SiLU with a fused second derivative) is an autograd function only.
 """
 from .accumulate import registered as _accumulate  # noqa: F401  (registers the ops)
 from .graph import registered as _graph  # noqa: F401

@@ -505,3 +505,29 @@ def test_while_the_kernels_compile_calls_run_on_the_portable_kernels(generator, 
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
     assert len(asked) >= 3
     assert len(launched) == (0 if compiled_after is None else len(asked) - compiled_after)
+
+
+def _silu_second_order_reference(x, g, gg):
+    """``(d/dx, d/dg)`` of ``sum(g * silu'(x) * gg)`` by autograd of ``x * sigmoid(x)``, in float64."""
+    x, g = (t.detach().double().requires_grad_() for t in (x, g))
+    (first,) = torch.autograd.grad((x * torch.sigmoid(x)).sum(), x, create_graph=True)
+    return torch.autograd.grad((first * g * gg.double()).sum(), (x, g))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_silu_second_order_kernel(generator, dtype):
+    """SiLU's second derivatives in one kernel against autograd in float64 (of the inputs as rounded to
+    ``dtype``), over several blocks and a partial last one, with arguments where the sigmoid saturates."""
+    from sparse_accumulation.kernels.triton import activations
+
+    n = 2 * activations.BLOCK + 37
+    x, g, gg = (torch.randn(n, generator=generator, dtype=torch.float64) * 4 for _ in range(3))
+    x[:4] = torch.tensor([-90.0, 90.0, 0.0, -1e-3])
+    x, g, gg = (t.to(dtype) for t in (x, g, gg))
+    found = activations.silu_second_order(*(t.to(DEVICE) for t in (x, g, gg)))
+    expected = _silu_second_order_reference(x, g, gg)
+    tolerance = {torch.float64: 1e-12, torch.float32: 1e-5, torch.bfloat16: 1e-2}[dtype]
+    for value, reference in zip(found, expected):
+        assert value.dtype == dtype and value.shape == x.shape
+        assert torch.allclose(value.double().cpu(), reference, atol=tolerance * float(reference.abs().max()),
+                              rtol=tolerance)
