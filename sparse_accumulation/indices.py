@@ -408,7 +408,9 @@ def _tiles(starts: torch.Tensor, nodes: int, rows: int) -> tuple:
     offsets = torch.cat([per.new_zeros(1), torch.cumsum(per, 0)])
     total = -(-nodes // rows) + E
     t = torch.arange(total, device=starts.device, dtype=torch.int64)
-    element = torch.searchsorted(offsets[1:], t, right=True)
+    # offsets[0] == 0 <= t: the count of offsets[1:] <= t is one less than that of offsets; searched in the whole
+    # tensor because inductor's CUDA code for searchsorted ignores a view's storage offset (torch 2.11)
+    element = torch.searchsorted(offsets, t, right=True) - 1
     valid = element < E
     element = element.clamp(max=E - 1)
     start = starts[element] + (t - offsets[element]) * rows

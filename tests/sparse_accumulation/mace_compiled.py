@@ -1,5 +1,5 @@
 """``torch.compile`` of a MACE model converted by ``accelerate``, checked against MACE's eager model (float64):
-run as ``python mace_compiled.py`` (a process of its own: dynamo's and inductor's state left by other compiled
+run as ``python mace_compiled.py [device]`` (default ``cpu``; a process of its own: dynamo's and inductor's state left by other compiled
 tests makes inductor's backward fail there, so the check starts from a fresh one).
 
 An MD step's call (energies, forces and stress; the strain as an input leaf) twice, the compiled call reused, and
@@ -19,7 +19,8 @@ def compilable_batch(data: dict, num_graphs: int) -> dict:
     input leaf, so that the gradient reaching it crosses the graph break at ``torch.autograd.grad``."""
     out = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in data.items()}
     out["positions"].requires_grad_(True)
-    out["displacement"] = torch.zeros(num_graphs, 3, 3, dtype=torch.float64, requires_grad=True)
+    out["displacement"] = torch.zeros(num_graphs, 3, 3, dtype=torch.float64, device=out["positions"].device,
+                                      requires_grad=True)
     return out
 
 
@@ -31,8 +32,11 @@ def main() -> None:
         print(f"mace-torch's package cannot be imported: {error}", file=sys.stderr)
         sys.exit(3)
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    device = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cpu")
     model = helpers.mace_model(generator, max_ell=1, correlation=2)  # a small graph: compiling takes most of it
     data = helpers.batch(helpers.structures(generator), model)
+    model = model.to(device)
+    data = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in data.items()}
     graphs = int(data["ptr"].numel() - 1)
     expected = model(compilable_batch(data, graphs), compute_stress=True)
     compiled = torch.compile(helpers.accelerate(copy.deepcopy(model)))

@@ -232,14 +232,17 @@ def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
 
 
 @pytest.mark.slow
-def test_torch_compile_molecular_dynamics_and_training_steps():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_torch_compile_molecular_dynamics_and_training_steps(device):
     """``torch.compile`` of a converted model: an MD step's energies, forces and stress and a training step's
-    parameter gradients equal MACE's eager ones (``mace_compiled.py``, in a process of its own)."""
+    parameter gradients equal MACE's eager ones (``mace_compiled.py``, in a process of its own; on CUDA
+    inductor generates Triton code for the layers' index arithmetic too)."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, os.path.join(here, "mace_compiled.py")], env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run([sys.executable, os.path.join(here, "mace_compiled.py"), device], env=env,
+                          capture_output=True, text=True, timeout=900)
     if done.returncode == 3:
         pytest.skip(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, done.stdout + done.stderr

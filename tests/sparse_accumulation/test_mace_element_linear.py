@@ -133,13 +133,17 @@ def test_tile_rows_follow_the_nodes_per_element():
 
 
 @pytest.mark.slow
-def test_compiled_calls_equal_e3nns(generator):
-    """Under torch.compile (node counts of two sizes: the tile table's shapes follow the node count)."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_compiled_calls_equal_e3nns(generator, device):
+    """Under torch.compile (node counts of two sizes: the tile table's shapes follow the node count; on CUDA
+    inductor's own code for the tile table)."""
     tp, ours = _made(generator, "4x0e + 3x1o", "4x0e + 3x1o", 3)
+    tp, ours = tp.to(device), ours.to(device)
     compiled = torch.compile(ours)
     for nodes in (70, 97):
-        x = torch.randn(nodes, tp.irreps_in1.dim, generator=generator, dtype=torch.float64)
-        y = torch.nn.functional.one_hot(torch.randint(0, 3, (nodes,), generator=generator), 3).double()
+        x = torch.randn(nodes, tp.irreps_in1.dim, generator=generator, dtype=torch.float64).to(device)
+        y = torch.nn.functional.one_hot(torch.randint(0, 3, (nodes,), generator=generator), 3).double().to(device)
         assert torch.allclose(compiled(x, y), tp(x, y), rtol=0, atol=1e-12)
 
 

@@ -120,6 +120,21 @@ def test_elements_tiles_of_the_cpu_pass_equal_the_device_operations(generator, n
         assert torch.equal(got, expected)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_elements_tiles_compiled_on_cuda_equal_the_cpu_pass(generator):
+    """The device operations as inductor compiles them for CUDA (whose searchsorted once read a sliced
+    tensor from its storage's start, shifting every tile's element) against numba's pass."""
+    from sparse_accumulation.indices import Elements, _tiles
+
+    values = torch.randint(0, 89, (1000,), generator=generator)
+    expected = Elements(values, 89).tiles(8)
+    cuda = Elements(values.cuda(), 89)
+    compiled = torch.compile(lambda starts: _tiles(starts, 1000, 8), fullgraph=True)
+    for got, want in zip(compiled(cuda.starts), expected):
+        assert torch.equal(got.cpu(), want)
+
+
 def test_programs_are_interned_and_checked():
     x, p = lane_slot(2, 3), element_slot(2, 3)
     a = Program(3, (x, p), (x,), [[(0, 1.0, [(0, 0), (1, 1)])]])
