@@ -1,4 +1,4 @@
-"""e3nn's "uvw" instructions of many paths, computed factored instead of path by path.
+"""e3nn's "uvw" and "uuw" instructions of many paths, computed factored instead of path by path.
 
 A "uvw" instruction ``in1[u, i] x in2[v, j] -> out[w, k]`` has ``mul1 mul2 mul_out`` paths; as terms of one
 rule (:mod:`.layout`) it is ``mul1 mul2 mul_out`` times the 3j symbol's nonzeros long (22 million terms for the
@@ -24,16 +24,21 @@ intermediates for the backward, as torch does. Under TorchScript the chunks are 
 kept as torch keeps them.
 Written with torch operations only (so every derivative and TorchScript come with them), on every device.
 
+A "uuw" instruction ``out[z, w, k] = sum_u W[u, w] sum_ij C[i, j, k] in1[z, u, i] in2[z, u, j]`` is computed as
+e3nn computes it: each channel's pair coupled (one matrix product against the 3j symbol), then the channels
+mixed by the weights (one matrix product); as terms of one rule it would take ``mul1 mul_out`` times the 3j
+symbol's nonzeros per row.
+
 :func:`factored_instructions` says which instructions run so (``"uvw"`` with at least
-:data:`FACTORED_MIN_PATHS` paths); :func:`specs` describes them as lists of ints, which
-:func:`factored_product` reads (also under TorchScript).
+:data:`FACTORED_MIN_PATHS` paths, ``"uuw"`` with at least :data:`FACTORED_MIN_UUW_PATHS`); :func:`specs`
+describes them as lists of ints, which :func:`factored_product` reads (also under TorchScript).
 """
 from __future__ import annotations
 
 import functools
 import math
 import os
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -42,6 +47,10 @@ import cg
 
 #: "uvw" instructions of at least this many paths (``mul1 mul2 mul_out``) are computed factored
 FACTORED_MIN_PATHS = 512
+#: "uuw" instructions of at least this many paths (``mul1 mul_out``) are computed factored
+FACTORED_MIN_UUW_PATHS = 256
+#: the connection modes of :func:`specs`, by their number in a spec
+MODES = ("uvw", "uuw")
 #: the most bytes the intermediates of a chunk of rows may take: ``SPARSE_ACCUMULATION_FACTORED_CHUNK_MB``
 #: megabytes (read at import), else 0: :func:`default_budget` of the inputs' device
 CHUNK_BYTES = int(float(os.environ.get("SPARSE_ACCUMULATION_FACTORED_CHUNK_MB", "0")) * 2**20)
@@ -70,10 +79,15 @@ def _gpu_memory(index: int) -> int:
 
 
 def factored_instructions(instructions, irreps_in1, irreps_in2, irreps_out) -> frozenset:
-    """The indices of the instructions computed factored: "uvw" with :data:`FACTORED_MIN_PATHS` paths or more."""
-    return frozenset(i for i, ins in enumerate(instructions) if ins.connection_mode == "uvw"
-                     and irreps_in1[ins.i_in1].mul * irreps_in2[ins.i_in2].mul * irreps_out[ins.i_out].mul
-                     >= FACTORED_MIN_PATHS)
+    """The indices of the instructions computed factored: "uvw" with :data:`FACTORED_MIN_PATHS` paths or more,
+    "uuw" with :data:`FACTORED_MIN_UUW_PATHS` or more."""
+    def factored(ins) -> bool:
+        mul1, mul_out = irreps_in1[ins.i_in1].mul, irreps_out[ins.i_out].mul
+        if ins.connection_mode == "uvw":
+            return mul1 * irreps_in2[ins.i_in2].mul * mul_out >= FACTORED_MIN_PATHS
+        return ins.connection_mode == "uuw" and mul1 * mul_out >= FACTORED_MIN_UUW_PATHS
+
+    return frozenset(i for i, ins in enumerate(instructions) if factored(ins))
 
 
 def _starts(irreps) -> list:
@@ -86,7 +100,8 @@ def _starts(irreps) -> list:
 
 def specs(instructions, factored, irreps_in1, irreps_in2, irreps_out) -> tuple:
     """``(specs, coefficients)``: per factored instruction the ints ``[in1 start, mul1, 2 l1 + 1, in2 start, mul2,
-    2 l2 + 1, out start, mul_out, 2 l_out + 1, weight start, coefficient start]`` (columns of e3nn's layouts), and
+    2 l2 + 1, out start, mul_out, 2 l_out + 1, weight start, coefficient start, mode]`` (columns of e3nn's layouts;
+    the mode's place in :data:`MODES`), and
     the dense 3j symbols ``[2 l1 + 1, 2 l2 + 1, 2 l_out + 1]`` of them all, each times the instruction's
     ``path_weight``, flattened one after another (float64)."""
     in1_at, in2_at, out_at = _starts(irreps_in1), _starts(irreps_in2), _starts(irreps_out)
@@ -99,7 +114,7 @@ def specs(instructions, factored, irreps_in1, irreps_in2, irreps_out) -> tuple:
             dense = np.zeros((ir1.dim, ir2.dim, ir_out.dim))
             np.add.at(dense, (a, b, c), C * (ins.path_weight / math.sqrt(ir_out.dim)))
             rows.append([in1_at[ins.i_in1], mul1, ir1.dim, in2_at[ins.i_in2], mul2, ir2.dim, out_at[ins.i_out],
-                         mul_out, ir_out.dim, weight_at, coefficient_at])
+                         mul_out, ir_out.dim, weight_at, coefficient_at, MODES.index(ins.connection_mode)])
             blocks.append(dense.ravel())
             coefficient_at += dense.size
         if ins.has_weight:
@@ -111,8 +126,10 @@ def row_bytes(specs: List[List[int]], shared: bool, element_size: int) -> int:
     """Bytes of the largest instruction's intermediates per row, twice (their gradients in the backward)."""
     largest = 0
     for spec in specs:
-        s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc = spec
-        if not shared:
+        s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc, mode = spec
+        if mode == 1:  # uuw: the coupled pairs [mul1, d_out], then the output
+            elements = mul1 * d1 * d2 + 2 * mul1 * d_out
+        elif not shared:
             elements = d_out * mul1 * mul2 + d_out * d1 * mul2
         elif d_out <= d1 and d_out <= d2:
             elements = d_out * mul2 * d1 + d_out * mul2 * mul1
@@ -229,14 +246,27 @@ class _Recomputed(torch.autograd.Function):
 def _factored_rows(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],
                    coefficients: torch.Tensor, dim_out: int, rows: int) -> torch.Tensor:
     """The product of ``rows`` rows at once (arguments as :func:`factored_product`'s)."""
-    out = x.new_zeros(rows, dim_out)
+    blocks: Dict[int, torch.Tensor] = {}  # by output column: the sum of the instructions writing there
+    outer: Dict[str, torch.Tensor] = {}  # "uuw": the products in1[u, i] in2[u, j] of a pair of inputs
     for spec in specs:
-        s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc = spec
+        s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc, mode = spec
         x1 = x[:, s1:s1 + mul1 * d1].reshape(-1, mul1, d1).expand(rows, mul1, d1)
         x2 = y[:, s2:s2 + mul2 * d2].reshape(-1, mul2, d2).expand(rows, mul2, d2)
         C = coefficients[sc:sc + d1 * d2 * d_out].view(d1, d2, d_out)
         size = mul1 * mul2 * mul_out
-        if not shared:
+        if mode == 1:  # uuw: each channel's pair coupled, then the channels mixed by the weights
+            key = str(s1) + "," + str(s2)  # instructions of one pair of inputs share its products
+            if key not in outer:
+                outer[key] = (x1[:, :, :, None] * x2[:, :, None, :]).reshape(rows * mul1, d1 * d2)
+            pairs = torch.mm(outer[key], C.reshape(d1 * d2, d_out)).view(rows, mul1, d_out)
+            if shared:
+                W = weight[sw:sw + mul1 * mul_out].view(mul1, mul_out)
+                part = torch.mm(pairs.transpose(1, 2).reshape(rows * d_out, mul1), W).view(rows, d_out, mul_out)
+            else:
+                W = weight[:, sw:sw + mul1 * mul_out].reshape(-1, mul1, mul_out).expand(rows, mul1, mul_out)
+                part = torch.bmm(pairs.transpose(1, 2), W)
+            part = part.transpose(1, 2)
+        elif not shared:
             W = weight[:, sw:sw + size].reshape(-1, mul1, mul2, mul_out).expand(rows, mul1, mul2, mul_out)
             pairs = torch.einsum("zui,zkiv->zkuv", x1, torch.einsum("zvj,ijk->zkiv", x2, C))
             part = torch.einsum("zkuv,zuvw->zwk", pairs, W)
@@ -255,5 +285,19 @@ def _factored_rows(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, share
             second = torch.mm(x2.transpose(1, 2).reshape(rows * d2, mul2), W)  # [(rows, j), (u, w)]
             coupled = torch.einsum("zui,ijk->zjuk", x1, C).reshape(rows, d2 * mul1, d_out)
             part = torch.bmm(second.view(rows, d2 * mul1, mul_out).transpose(1, 2), coupled)
-        out[:, so:so + mul_out * d_out] += part.reshape(rows, mul_out * d_out)
-    return out
+        part = part.reshape(rows, mul_out * d_out)
+        blocks[so] = blocks[so] + part if so in blocks else part
+    # concatenated, not added into slices of one output: each slice's backward (CopySlices) copies the whole
+    # output gradient, once per instruction
+    pieces: List[torch.Tensor] = []
+    at = 0
+    starts = list(blocks.keys())
+    starts.sort()
+    for start in starts:
+        if start > at:
+            pieces.append(x.new_zeros(rows, start - at))
+        pieces.append(blocks[start])
+        at = start + blocks[start].shape[1]
+    if at < dim_out or len(pieces) == 0:
+        pieces.append(x.new_zeros(rows, dim_out - at))
+    return torch.cat(pieces, 1)

@@ -191,16 +191,26 @@ FACTORED = [
     # per-row weights, factored instructions beside expanded ones (4 * 4 * 4 paths)
     ("FullyConnectedTensorProduct", ("12x0e + 4x1o", "10x0e + 4x1e", "8x0e + 4x1o"), {"shared_weights": False}),
 ]
+# "uuw" of 16 * 16 paths (two of them from one pair of inputs) beside a "uvu" instruction writing the first output
+# irrep, which the factored part leaves to the kernels; shared and per-row weights
+UUW = ("16x0e + 16x1o + 8x2e", "16x0e + 16x1o", "8x2e + 16x0e + 16x1o + 16x2e",
+       [(0, 0, 1, "uuw", True), (1, 1, 1, "uuw", True), (1, 1, 3, "uuw", True), (0, 1, 2, "uuw", True),
+        (2, 0, 0, "uvu", True)])
+FACTORED += [("TensorProduct", UUW, {}), ("TensorProduct", UUW, {"shared_weights": False})]
 
 
 @pytest.mark.parametrize("name, args, kwargs", FACTORED)
-def test_large_uvw_instructions_are_factored_and_equal_to_e3nn_to_second_order(name, args, kwargs, generator):
-    from sparse_accumulation.e3nn.factored import FACTORED_MIN_PATHS
+def test_large_uvw_and_uuw_instructions_are_factored_and_equal_to_e3nn_to_second_order(name, args, kwargs,
+                                                                                      generator):
+    from sparse_accumulation.e3nn.factored import FACTORED_MIN_PATHS, FACTORED_MIN_UUW_PATHS, MODES
 
     theirs = getattr(o3, name)(*args, **kwargs)
     tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
-    factored = [spec[1] * spec[4] * spec[7] for spec in tp._factored_specs]
-    assert factored and min(factored) >= FACTORED_MIN_PATHS
+    assert tp._factored_specs
+    for spec in tp._factored_specs:
+        mode = MODES[spec[11]]
+        paths = spec[1] * spec[7] * (spec[4] if mode == "uvw" else 1)
+        assert paths >= (FACTORED_MIN_PATHS if mode == "uvw" else FACTORED_MIN_UUW_PATHS)
     tp.load_state_dict(theirs.state_dict(), strict=True)
     rows = 5
     x = torch.randn(rows, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
