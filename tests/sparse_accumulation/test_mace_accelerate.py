@@ -248,6 +248,17 @@ def test_torch_compile_molecular_dynamics_and_training_steps(device):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_hessians_equal_maces(generator):
+    """MACE's ``compute_hessian=True`` (second derivatives of the energy by positions, e.g. for phonons); the
+    converted layers' autograd functions do not run under ``torch.vmap``, so MACE takes its loop over rows."""
+    model = mace_model(generator)
+    data = batch(structures(generator), model)
+    expected = model(dict(data), compute_hessian=True)["hessian"]
+    got = accelerate(copy.deepcopy(model))(dict(data), compute_hessian=True)["hessian"]
+    assert got.shape == expected.shape and expected.abs().max() > 0
+    assert_close(got, expected, "hessian")
+
+
 def test_single_blocks(generator):
     """An interaction block and a product block given alone; a second conversion changes nothing."""
     model = mace_model(generator)
