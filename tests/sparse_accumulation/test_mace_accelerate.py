@@ -259,6 +259,38 @@ def test_hessians_equal_maces(generator):
     assert_close(got, expected, "hessian")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_md_step_captured_in_a_cuda_graph_replays_new_positions(generator):
+    """A converted model's energies-and-forces call captured once (``torch.cuda.graph``, as MD codes capture their
+    step), then replayed with new positions copied into the captured input: MACE's forces each time."""
+    model = mace_model(generator).cuda()
+    data = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in batch(structures(generator), model).items()}
+    ours = accelerate(copy.deepcopy(model))
+    static = data["positions"].detach().clone().requires_grad_(True)
+
+    def forces():
+        return ours(dict(data, positions=static), compute_force=True)["forces"]
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up calls on a side stream, as torch asks before a capture
+        for _ in range(3):
+            forces()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = forces()
+    for _ in range(2):
+        positions = data["positions"] + 0.02 * torch.randn(static.shape, generator=generator,
+                                                           dtype=static.dtype).cuda()
+        with torch.no_grad():
+            static.copy_(positions)
+        graph.replay()
+        expected = model(dict(data, positions=positions.clone().requires_grad_(True)), compute_force=True)
+        assert_close(captured, expected["forces"], "forces")
+
+
 def test_single_blocks(generator):
     """An interaction block and a product block given alone; a second conversion changes nothing."""
     model = mace_model(generator)
