@@ -46,7 +46,7 @@ def _kernel(acc: str):
     return build.cached(("silu_second_order", acc), make)
 
 
-def silu_second_order(x: torch.Tensor, g: torch.Tensor, gg: torch.Tensor, traceable: bool = False):
+def silu_second_order(x: torch.Tensor, g: torch.Tensor, gg: torch.Tensor):
     """``(gg * g * silu''(x), gg * silu'(x))`` (see :func:`..torch.activations.silu_second_order`) for three
     tensors of one shape, dtype and device, or None where an eager call's kernel is still compiling
     (:func:`.launch.ready`): the caller computes them otherwise meanwhile."""
@@ -62,9 +62,9 @@ def silu_second_order(x: torch.Tensor, g: torch.Tensor, gg: torch.Tensor, tracea
     def grid(meta):
         return (triton.cdiv(n, meta["BLOCK"]),)
 
-    if not traceable and not launch.ready(kernel, grid, pointers, ints):
+    if not launch.ready(kernel, grid, pointers, ints):
         return None
-    launch.launch(kernel, grid, pointers, ints, device=x.device, traceable=traceable, small=n <= _INT32_LIMIT)
+    launch.launch(kernel, grid, pointers, ints, device=x.device, small=n <= _INT32_LIMIT)
     return dx, dg
 
 
