@@ -1,5 +1,5 @@
 """``torch.compile`` of a MACE model converted by ``accelerate``, checked against MACE's eager model (float64):
-run as ``python mace_compiled.py [device]`` (default ``cpu``; a process of its own: dynamo's and inductor's state left by other compiled
+run as ``python mace_compiled.py [device [mode]]`` (default ``cpu`` and torch.compile's ``default`` mode; a process of its own: dynamo's and inductor's state left by other compiled
 tests makes inductor's backward fail there, so the check starts from a fresh one).
 
 An MD step's call (energies, forces and stress; the strain as an input leaf) twice, the compiled call reused, and
@@ -39,8 +39,9 @@ def main() -> None:
     data = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in data.items()}
     graphs = int(data["ptr"].numel() - 1)
     expected = model(compilable_batch(data, graphs), compute_stress=True)
-    compiled = torch.compile(helpers.accelerate(copy.deepcopy(model)))
-    for _ in range(2):
+    mode = sys.argv[2] if len(sys.argv) > 2 else "default"
+    compiled = torch.compile(helpers.accelerate(copy.deepcopy(model)), mode=mode)
+    for _ in range(3):  # under "reduce-overhead" a warm-up call, a recorded one, a replay
         got = compiled(compilable_batch(data, graphs), compute_stress=True)
         for key in ("energy", "forces", "stress"):
             helpers.assert_close(got[key], expected[key], key)

@@ -231,17 +231,21 @@ def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
     assert abs(atoms.get_potential_energy() - results["mace"][0]) <= 1e-5 * abs(results["mace"][0])
 
 
+_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
-def test_torch_compile_molecular_dynamics_and_training_steps(device):
+@pytest.mark.parametrize("device, mode", [("cpu", "default"), pytest.param("cuda", "default", marks=_CUDA),
+                                          pytest.param("cuda", "reduce-overhead", marks=_CUDA)])
+def test_torch_compile_molecular_dynamics_and_training_steps(device, mode):
     """``torch.compile`` of a converted model: an MD step's energies, forces and stress and a training step's
     parameter gradients equal MACE's eager ones (``mace_compiled.py``, in a process of its own; on CUDA
-    inductor generates Triton code for the layers' index arithmetic too)."""
+    inductor generates Triton code for the layers' index arithmetic too, and ``reduce-overhead`` replays the MD
+    step as CUDA graphs)."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, os.path.join(here, "mace_compiled.py"), device], env=env,
+    done = subprocess.run([sys.executable, os.path.join(here, "mace_compiled.py"), device, mode], env=env,
                           capture_output=True, text=True, timeout=900)
     if done.returncode == 3:
         pytest.skip(done.stderr.strip().splitlines()[-1])
