@@ -44,6 +44,13 @@ def _replaced(tensors, slot, value):
     return result
 
 
+def _added(total: Tensor, part: Tensor) -> Tensor:
+    """``total + part``, summed into ``total`` (a new output of the kernels) where no graph records the sum: a
+    per-edge gradient of the weights is as large as the radial network's output ([edges, 1280] in MACE's
+    first interaction), and the sum would be a third such tensor alive at once."""
+    return total + part if torch.is_grad_enabled() else total.add_(part)
+
+
 def accumulate_gradients(ctx, grads, accumulate, sums):
     """``(dX1, dX2, dW, dT, dC)`` of an accumulation: the gradient of output ``j`` reaches the tensor of slot
     ``s`` as the accumulation with that gradient in slot ``j`` and output slot ``s``, and C as the coefficient
@@ -65,7 +72,7 @@ def accumulate_gradients(ctx, grads, accumulate, sums):
             parts = accumulate(*inputs, C, indices, offsets, orders, rule_j, targets, rows, edges, implementation,
                                reduction)
             for s, part in zip(targets, parts):
-                result[s] = part if result[s] is None else result[s] + part
+                result[s] = part if result[s] is None else _added(result[s], part)
         if ctx.c_wanted:
             part = sums(*inputs, indices, rule_j, edges, implementation)
             dC = part if dC is None else dC + part
