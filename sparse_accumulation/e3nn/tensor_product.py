@@ -17,9 +17,11 @@ has the details. Two layouts of the operands, picked per call:
   output are used in place, nothing is copied);
 * on CUDA (and with the Triton kernels), ``U`` channels as rows, ``U`` the greatest common divisor of the
   multiplicities the instructions use, so the rule is that of one channel (the generated kernels need a
-  short rule). ``x`` and the output are copied once into and out of ``[..., U, D]``; "uvu"'s ``y`` is read
-  in place by every channel; the weights of "uvu" with spherical harmonics (one ``v``, equal
-  multiplicities) are a view.
+  short rule). On CUDA tensors the per-channel graph kernels read ``x``, ``y`` and the weights and write
+  the output in e3nn's layout in place; on CPU tensors (``channels=`` above 1, or the Triton kernels asked
+  for) ``x`` and the output are copied once into and out of ``[..., U, D]``, "uvu"'s ``y`` is read in place
+  by every channel and the weights of "uvu" with spherical harmonics (one ``v``, equal multiplicities) are a
+  view.
 
 The coefficients are e3nn's: ``sqrt(alpha)`` times its Wigner 3j symbol, the 3j symbol being
 ``cg.transformation_rule(l1, l2, L, basis="e3nn")`` divided by ``sqrt(2L + 1)``, and ``alpha`` e3nn's
