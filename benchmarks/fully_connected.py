@@ -8,7 +8,8 @@ The product of ``IRREPS`` (default ``64x0e + 64x1o + 64x2e``) with itself into t
 "uvw" with shared internal weights (e3nn's defaults), ``--dtype`` float32. First the check: outputs of both on
 300 rows in float64 must agree, with the gradients of both inputs and the weights (relative max error below
 1e-10). Then the medians of ``--repeats`` single calls as a training step makes them (inputs requiring
-gradients; ``fwd``: the forward, ``fwd+bwd``: the forward and ``out.backward(G)``), with the peak memory of a
+gradients; ``no-grad``: the forward under ``torch.no_grad()``, ``fwd``: the forward, ``fwd+bwd``: the forward and
+``out.backward(G)``), with the peak memory of a
 step (on the CPU: the growth of the resident memory).
 Ratios are e3nn / ours. ``--variants`` picks the modules timed, ``--matmul-precision`` sets
 ``torch.set_float32_matmul_precision`` for all of them. ``--chunk-mb`` sets the memory beyond which ours computes
@@ -34,6 +35,9 @@ def _step(module, x, y, G, mode):
         x.grad = y.grad = None
         for p in module.parameters():
             p.grad = None
+        if mode == "no-grad":
+            with torch.no_grad():
+                return module(x, y)
         out = module(x, y)
         if mode == "fwd+bwd":
             out.backward(G)
@@ -45,6 +49,24 @@ def _step(module, x, y, G, mode):
 def _outputs_and_gradients(module, x, y, G) -> list:
     out = module(x, y)
     return [out.detach(), *torch.autograd.grad(out, [x, y, *module.parameters()], G)]
+
+
+class _Fused(torch.nn.Module):
+    """Ours with the fused "uvw" kernels (float32 on CUDA) set ``"always"`` or ``"off"`` (the factored torch
+    operations) instead of ``"auto"`` (:data:`sparse_accumulation.e3nn.factored.FUSED`)."""
+
+    def __init__(self, inner, setting: str):
+        super().__init__()
+        self.inner, self.setting = inner, setting
+
+    def forward(self, x, y):
+        from sparse_accumulation.e3nn import factored
+
+        previous, factored.FUSED = factored.FUSED, self.setting
+        try:
+            return self.inner(x, y)
+        finally:
+            factored.FUSED = previous
 
 
 def _modules(irreps, dtype, device, with_cueq):
@@ -60,7 +82,7 @@ def _modules(irreps, dtype, device, with_cueq):
         torch.set_default_dtype(default)
     mine = ours.FullyConnectedTensorProduct(irreps, irreps, irreps, dtype=dtype).to(device)
     mine.load_state_dict(theirs.state_dict(), strict=True)
-    modules = {"e3nn": theirs, "ours": mine}
+    modules = {"e3nn": theirs, "ours": mine, "fused": _Fused(mine, "always"), "factored": _Fused(mine, "off")}
     if with_cueq:
         try:
             import cuequivariance as cue
@@ -85,15 +107,19 @@ def main(argv=None) -> None:
                         help="ours: the bytes of intermediates beyond which rows go in chunks and the backward "
                              "recomputes them (default: SPARSE_ACCUMULATION_FACTORED_CHUNK_MB, else 256 on the CPU, "
                              "1024 on a GPU)")
-    parser.add_argument("--variants", default="e3nn,ours,cueq", help="of e3nn, ours, cueq (CUDA)")
+    parser.add_argument("--variants", default="e3nn,ours,cueq",
+                        help="of e3nn, ours, fused and factored (ours with the fused uvw kernels of float32 on "
+                             "CUDA always or never, rather than as SPARSE_ACCUMULATION_FUSED_UVW says), cueq (CUDA)")
+    parser.add_argument("--modes", default="no-grad,fwd,fwd+bwd",
+                        help="of no-grad (the forward under torch.no_grad), fwd, fwd+bwd")
     parser.add_argument("--matmul-precision", default=None, choices=("highest", "high", "medium"),
                         help="torch.set_float32_matmul_precision for every variant (float32)")
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     variants = args.variants.split(",")
-    unknown = sorted(set(variants) - {"e3nn", "ours", "cueq"})
+    unknown = sorted(set(variants) - {"e3nn", "ours", "fused", "factored", "cueq"})
     if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)} (of e3nn, ours, cueq)")
+        parser.error(f"--variants: unknown {', '.join(unknown)} (of e3nn, ours, fused, factored, cueq)")
     if args.matmul_precision:
         torch.set_float32_matmul_precision(args.matmul_precision)
 
@@ -111,13 +137,24 @@ def main(argv=None) -> None:
     modules = _modules(args.irreps, dtype, device, device.type == "cuda" and "cueq" in variants)
     if args.chunk_mb is not None:
         modules["ours"]._factored_chunk_bytes = int(args.chunk_mb * 2**20)
+    if dtype != torch.float64:  # each variant's rounding error against float64, the weights of the check
+        modules["ours"].load_state_dict(check["ours"].state_dict())
+        modules["e3nn"].load_state_dict(check["e3nn"].state_dict())
+        reference = _outputs_and_gradients(check["ours"], x, y, G)
+        errors = {}
+        for name in ("e3nn", "ours", "fused", "factored"):
+            low = [t.detach().to(dtype).requires_grad_() for t in (x, y)]
+            got = _outputs_and_gradients(modules[name], low[0], low[1], G.to(dtype))
+            errors[name] = max(((a.double() - b).abs().max() / b.abs().max()).item() for a, b in zip(got, reference))
+        print(f"# {args.dtype} against float64 (outputs and gradients, largest relative error): "
+              + ", ".join(f"{name} {error:.2e}" for name, error in errors.items()))
     dim_in, dim_out = modules["ours"].irreps_in1.dim, modules["ours"].irreps_out.dim
     modules = {name: module for name, module in modules.items() if name in variants}
     for rows in args.rows:
         x, y = (torch.randn(rows, dim_in, dtype=dtype, device=device, requires_grad=True) for _ in range(2))
         G = torch.randn(rows, dim_out, dtype=dtype, device=device)
         times = {}
-        for mode in ("fwd", "fwd+bwd"):
+        for mode in args.modes.split(","):
             for name, module in modules.items():
                 step = _step(module, x, y, G, mode)
                 try:

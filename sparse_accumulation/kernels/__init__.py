@@ -4,7 +4,9 @@
 ``TRITON_INTERPRET=1``), ``torch`` (any device) and ``reference`` (plain differentiable torch, for
 validation); operations ``accumulate``, ``graph``, ``polynomial`` and ``pair_sums``. Every module of an
 operation meets that operation's contract below. :func:`sparse_accumulation.backends.kernel_module` finds the
-module of ``(operation, implementation)``.
+module of ``(operation, implementation)``. Two Triton modules serve one caller each and have no other backends:
+``triton/activations.py`` (SiLU's second derivatives, :mod:`sparse_accumulation.ops.activations`) and
+``triton/uvw.py`` (e3nn's fused "uvw" instructions, :mod:`sparse_accumulation.e3nn.factored`).
 
 Sparse accumulation
 -------------------

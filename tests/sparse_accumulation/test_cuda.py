@@ -191,6 +191,34 @@ def test_tensor_api_with_captured_index_tensors_under_cuda_graphs(generator, l):
         assert_close_to(forward(X1, X2), sa.accumulate(X1, X2, mu, M, m1, m2, C), torch.float32)
 
 
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_message_passing_at_new_edge_counts_matches_eager(generator, mode):
+    """A compiled message-passing step (an e3nn convolution's product, energies and forces-like gradients) called
+    with other numbers of edges and nodes, as a molecular-dynamics loop's neighbour lists change: torch.compile
+    recompiles with symbolic sizes (automatic dynamic shapes), which the Triton launches must accept; every call
+    equals eager."""
+    import sparse_accumulation.e3nn as ours
+
+    torch._dynamo.reset()
+    product = ours.TensorProduct("4x0e + 4x1o", "0e + 1o", "4x0e + 4x1o",
+                                 [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True), (0, 1, 1, "uvu", True),
+                                  (1, 0, 1, "uvu", True)], shared_weights=False, internal_weights=False).cuda()
+
+    def step(x, y, w, src, dst, nodes: int):
+        out = product(x, y, w, indices_1=src, indices_out=dst, size_out=nodes)
+        return (out,) + torch.autograd.grad(out.square().sum(), (x, y, w))
+
+    compiled = torch.compile(step, mode=mode)
+    for nodes, edges in ((30, 200), (41, 333), (25, 150), (52, 401)):
+        src = torch.randint(0, nodes, (edges,), generator=generator).cuda()
+        dst = torch.randint(0, nodes, (edges,), generator=generator).cuda()
+        x = torch.randn(nodes, product.irreps_in1.dim, generator=generator).cuda().requires_grad_()
+        y = torch.randn(edges, product.irreps_in2.dim, generator=generator).cuda().requires_grad_()
+        w = torch.randn(edges, product.weight_numel, generator=generator).cuda().requires_grad_()
+        for a, b in zip(compiled(x, y, w, src, dst, nodes), step(x, y, w, src, dst, nodes)):
+            assert_close_to(a, b, torch.float32)
+
+
 def test_calls_never_synchronise(generator):
     """Eager forward, forward+backward and double backward through rules, and the compiled step, run with
     torch.cuda.set_sync_debug_mode("error"): no host-device copy, no synchronisation."""

