@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from .codegen import Code, next_pow2
 
-#: rows ``z`` of a program (of a step, for ``grad_w``) per kernel kind, measured best on an H200 for irreps up to
+#: rows ``z`` of a program (of a step, for ``grad_w``) per kernel kind, chosen by a sweep on an H200, for irreps up to
 #: l = 2 (``J + K`` at most 10 tiles of ``[BZ, BW]`` in registers)
 ROWS = {"forward": 32, "grad_p": 64, "grad_q": 32, "grad_w": 16}
 #: output channels of a tile
