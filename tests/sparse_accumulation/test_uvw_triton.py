@@ -159,8 +159,8 @@ def _mixed_product():
 
 
 @pytest.mark.parametrize("setting, grad, fits, fused", [
-    ("auto", False, True, True), ("auto", True, True, False), ("auto", True, False, True), ("always", False, True, True),
-    ("off", False, False, False)])
+    ("auto", False, True, True), ("auto", True, True, False), ("auto", True, False, True),
+    ("always", False, True, True), ("off", False, False, False)])
 def test_module_takes_the_fused_kernels_as_the_setting_says(generator, monkeypatch, small_tiles, setting, grad, fits,
                                                             fused):
     """A float32 product on a device of ``FUSED_DEVICES``: with ``fused``, its factored "uvw" instructions run on
