@@ -13,7 +13,11 @@ gradients; ``no-grad``: the forward under ``torch.no_grad()``, ``fwd``: the forw
 step (on the CPU: the growth of the resident memory).
 Ratios are e3nn / ours. ``--variants`` picks the modules timed, ``--matmul-precision`` sets
 ``torch.set_float32_matmul_precision`` for all of them. ``--chunk-mb`` sets the memory beyond which ours computes
-its rows in chunks and recomputes them in the backward (:mod:`sparse_accumulation.e3nn.factored`).
+its rows in chunks and recomputes them in the backward (:mod:`sparse_accumulation.e3nn.factored`). The ``floor``
+variant times the matrix products alone that any design made of ordinary matrix products computes for the "uvw"
+instructions (each instruction's weights against its rows times the smallest of its three irreps' dimensions,
+on ready operands; three such products for ``fwd+bwd``), with their multiply-adds per second: e3nn / floor is the
+most that such a design could gain over e3nn on the machine.
 """
 from __future__ import annotations
 
@@ -69,6 +73,35 @@ class _Fused(torch.nn.Module):
             factored.FUSED = previous
 
 
+def _floor_step(specs, rows, dtype, device, mode, block_rows=512):
+    """``(step, multiply-adds)``: the matrix products that any design computing the product with ordinary matrix
+    products does at least, alone: per instruction the weights ``[mul1 mul2, mul_out]`` against
+    ``rows * min(2 l1 + 1, 2 l2 + 1, 2 l_out + 1)`` rows of ready operands (for ``fwd+bwd`` also the gradients of
+    both, three products of that size), no coupling, no layout; operands of ``block_rows`` rows at most, used
+    again for the rest of the rows (those of every row would not fit in memory at 10^5 rows)."""
+    block = min(rows, block_rows)
+    pieces = [block] * (rows // block) + ([rows % block] if rows % block else [])
+    operands = []
+    for s1, mul1, d1, s2, mul2, d2, so, mul_out, d_out, sw, sc, mode_number in specs:
+        d = min(d1, d2, d_out)
+        left, right = (torch.randn(block * d, mul1 * mul2, dtype=dtype, device=device),
+                       torch.randn(mul1 * mul2, mul_out, dtype=dtype, device=device))
+        operands.append((left, right, torch.randn(block * d, mul_out, dtype=dtype, device=device), d))
+
+    def step():
+        for piece in pieces:
+            for left, right, grad, d in operands:
+                left, grad = left[:piece * d], grad[:piece * d]
+                torch.mm(left, right)
+                if mode == "fwd+bwd":  # the gradients of both operands
+                    torch.mm(grad, right.t())
+                    torch.mm(left.t(), grad)
+
+    macs = rows * sum(left.shape[1] * right.shape[1] * d for left, right, grad, d in operands)
+    macs *= 3 if mode == "fwd+bwd" else 1
+    return step, macs
+
+
 def _modules(irreps, dtype, device, with_cueq):
     from e3nn import o3
 
@@ -106,10 +139,12 @@ def main(argv=None) -> None:
     parser.add_argument("--chunk-mb", type=float, default=None,
                         help="ours: the bytes of intermediates beyond which rows go in chunks and the backward "
                              "recomputes them (default: SPARSE_ACCUMULATION_FACTORED_CHUNK_MB, else 256 on the CPU, "
-                             "1024 on a GPU)")
+                             "a quarter of a GPU's memory and at least 1024; on the CPU chunks of 64 MiB at most "
+                             "in any case)")
     parser.add_argument("--variants", default="e3nn,ours,cueq",
                         help="of e3nn, ours, fused and factored (ours with the fused uvw kernels of float32 on "
-                             "CUDA always or never, rather than as SPARSE_ACCUMULATION_FUSED_UVW says), cueq (CUDA)")
+                             "CUDA always or never, rather than as SPARSE_ACCUMULATION_FUSED_UVW says), cueq (CUDA), "
+                             "floor (the matrix products alone that a design of ordinary matrix products does)")
     parser.add_argument("--modes", default="no-grad,fwd,fwd+bwd",
                         help="of no-grad (the forward under torch.no_grad), fwd, fwd+bwd")
     parser.add_argument("--matmul-precision", default=None, choices=("highest", "high", "medium"),
@@ -117,9 +152,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     variants = args.variants.split(",")
-    unknown = sorted(set(variants) - {"e3nn", "ours", "fused", "factored", "cueq"})
+    unknown = sorted(set(variants) - {"e3nn", "ours", "fused", "factored", "cueq", "floor"})
     if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)} (of e3nn, ours, fused, factored, cueq)")
+        parser.error(f"--variants: unknown {', '.join(unknown)} (of e3nn, ours, fused, factored, cueq, floor)")
     if args.matmul_precision:
         torch.set_float32_matmul_precision(args.matmul_precision)
 
@@ -149,6 +184,7 @@ def main(argv=None) -> None:
         print(f"# {args.dtype} against float64 (outputs and gradients, largest relative error): "
               + ", ".join(f"{name} {error:.2e}" for name, error in errors.items()))
     dim_in, dim_out = modules["ours"].irreps_in1.dim, modules["ours"].irreps_out.dim
+    specs = [spec for spec in modules["ours"]._factored_specs if spec[11] == 0]  # the "uvw" instructions
     modules = {name: module for name, module in modules.items() if name in variants}
     for rows in args.rows:
         x, y = (torch.randn(rows, dim_in, dtype=dtype, device=device, requires_grad=True) for _ in range(2))
@@ -165,9 +201,15 @@ def main(argv=None) -> None:
                     continue
                 times[name, mode] = ms
                 print(f"  {rows:>9,} rows {name:>5} {mode:>8}: {ms:10.3f} ms  peak {peak:9.1f} MB", flush=True)
-            if ("e3nn", mode) in times and ("ours", mode) in times:
-                print(f"  {rows:>9,} rows e3nn / ours {mode:>8}: {times['e3nn', mode] / times['ours', mode]:.2f}x",
-                      flush=True)
+            if "floor" in variants:
+                step, macs = _floor_step(specs, rows, dtype, device, mode)
+                times["floor", mode] = ms = statistics.median(measure("call", step, device, repeats=args.repeats,
+                                                                      warmup=2))
+                print(f"  {rows:>9,} rows floor {mode:>8}: {ms:10.3f} ms  ({macs / ms / 1e6:.1f} GMAC/s)", flush=True)
+            for name in ("ours", "floor"):
+                if ("e3nn", mode) in times and (name, mode) in times:
+                    print(f"  {rows:>9,} rows e3nn / {name:<5} {mode:>8}: "
+                          f"{times['e3nn', mode] / times[name, mode]:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ ElementwiseTensorProduct, FullTensorProduct, TensorSquare) against e3nn's own mo
 gradients and second derivatives, right(), message passing, state dicts both ways, weight views, list weights,
 e3nn's constructor keywords and TorchScript."""
 import io
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -246,6 +247,37 @@ def _saved_bytes(function) -> int:
     return sum(storages.values())
 
 
+class _Chunked(NamedTuple):
+    theirs: torch.nn.Module
+    tp: torch.nn.Module
+    per_row: int
+    rows: int
+    x: torch.Tensor
+    y: torch.Tensor
+    weight: torch.Tensor
+    shared: bool
+
+    def call(self, module, a, b):
+        return module(a, b) if self.shared else module(a, b, self.weight)
+
+
+def _chunked_case(name, args, kwargs, generator, rows=23) -> _Chunked:
+    """e3nn's module and ours with its weights (float64), the bytes of our intermediates per row, and random
+    inputs of ``rows`` rows (per-row weights where the module has no shared ones)."""
+    from sparse_accumulation.e3nn import factored
+
+    theirs = getattr(o3, name)(*args, **kwargs)
+    tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
+    tp.load_state_dict(theirs.state_dict(), strict=True)
+    x = torch.randn(rows, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    y = torch.randn(rows, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
+    shared = kwargs.get("shared_weights") is not False
+    weight = (tp.weight if shared else
+              torch.randn(rows, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True))
+    return _Chunked(theirs, tp, factored.row_bytes(tp._factored_specs, tp.shared_weights, 8), rows, x, y, weight,
+                    shared)
+
+
 @pytest.mark.parametrize("name, args, kwargs", FACTORED)
 def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, generator, monkeypatch):
     """Rows whose intermediates exceed the module's budget go in chunks, recomputed in the backward: values and
@@ -254,19 +286,9 @@ def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, 
     about its inputs instead of every row's intermediates."""
     from sparse_accumulation.e3nn import factored
 
-    theirs = getattr(o3, name)(*args, **kwargs)
-    tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
-    tp.load_state_dict(theirs.state_dict(), strict=True)
-    per_row = factored.row_bytes(tp._factored_specs, tp.shared_weights, 8)
-    rows = 23
-    x = torch.randn(rows, tp.irreps_in1.dim, dtype=torch.float64, generator=generator, requires_grad=True)
-    y = torch.randn(rows, tp.irreps_in2.dim, dtype=torch.float64, generator=generator, requires_grad=True)
-    shared = kwargs.get("shared_weights") is not False
-    weight = (tp.weight if shared else
-              torch.randn(rows, tp.weight_numel, dtype=torch.float64, generator=generator, requires_grad=True))
-
-    def call(module, a, b):
-        return module(a, b) if shared else module(a, b, weight)
+    case = _chunked_case(name, args, kwargs, generator)
+    theirs, tp, per_row, rows, x, y, weight, shared = case
+    call = case.call
 
     inputs_ours, inputs_theirs = [x, y, weight], [x, y, theirs.weight if shared else weight]
     whole = _saved_bytes(lambda: call(tp, x, y))
@@ -292,6 +314,42 @@ def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, 
         torch.testing.assert_close(call(torch.jit.script(tp), x, y), call(theirs, x, y), rtol=1e-10, atol=1e-10)
     if not shared:
         check_message_passing(tp, generator, nodes=5, edges=rows)
+
+
+@pytest.mark.parametrize("name, args, kwargs", FACTORED)
+def test_cpu_rows_in_cache_sized_chunks_kept_for_the_backward(name, args, kwargs, generator, monkeypatch):
+    """On the CPU the rows go in chunks of at most ``cpu_chunk_bytes()`` of intermediates even where every row's fit
+    the budget, kept for the backward (no recomputation): values and derivatives to second order equal e3nn's;
+    beyond the budget the recomputed chunks are the smaller of the two sizes."""
+    from sparse_accumulation.e3nn import factored
+
+    case = _chunked_case(name, args, kwargs, generator)
+    theirs, tp, per_row, rows, x, y, weight, shared = case
+    call = case.call
+
+    chunks = []
+    factored_rows = factored._factored_rows
+
+    def counted(*arguments):
+        chunks.append(arguments[-1])
+        return factored_rows(*arguments)
+
+    monkeypatch.setattr(factored, "_factored_rows", counted)
+    monkeypatch.setattr(factored, "cpu_chunk_bytes", lambda: 4 * per_row)
+    monkeypatch.setattr(factored, "_recomputed", None)  # kept: calling it fails
+    got = derivatives(call(tp, x, y), [x, y, weight])
+    assert chunks and set(chunks) == {4, 3}, chunks
+    torch.testing.assert_close(got, derivatives(call(theirs, x, y), [x, y, theirs.weight if shared else weight]),
+                               rtol=1e-10, atol=1e-10)
+    monkeypatch.undo()
+
+    monkeypatch.setattr(factored, "cpu_chunk_bytes", lambda: 4 * per_row)
+    tp._factored_chunk_bytes = 8 * per_row  # recomputed chunks of 4 rows, not 8
+    recomputed = []
+    monkeypatch.setattr(factored, "_recomputed", lambda *arguments: recomputed.append(arguments[-1]) or
+                        factored._in_chunks(*arguments))
+    call(tp, x, y)
+    assert recomputed == [4]
 
 
 def test_factored_instructions_in_message_passing_and_torchscript(generator):
