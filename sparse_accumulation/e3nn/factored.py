@@ -95,8 +95,8 @@ def default_budget(device: torch.device) -> int:
 def cpu_chunk_bytes() -> int:
     """The most bytes of intermediates of a chunk of rows on the CPU, 64 MiB, whether or not every row's fit the
     budget (:func:`default_budget`): chunks that are kept for the backward stay in the caches, and the allocator
-    reuses their memory instead of mapping fresh pages for each (1.5x faster forward, 1.2-1.3x forward+backward on
-    2 cores at 10^3 and 10^4 rows of ``64x0e + 64x1o + 64x2e``, ``benchmarks/RESULTS.md``)."""
+    reuses their memory instead of mapping fresh pages for each (1.4-1.6x faster forward, 1.2-1.5x
+    forward+backward on 2 cores at 10^3 and 10^4 rows of ``64x0e + 64x1o + 64x2e``, ``benchmarks/RESULTS.md``)."""
     return 64 * 1048576
 
 
