@@ -378,9 +378,39 @@ class _Fused(torch.autograd.Function):
         return (*grads, None, None, None, None, None)
 
 
+def _weight_pieces(weight: torch.Tensor, specs: List[List[int]]) -> Dict[int, torch.Tensor]:
+    """Each instruction's weights (the last dimension's columns) by their start, cut from ``weight`` by one split:
+    its backward assembles the weights' gradient once per chunk of rows, where a slice per instruction fills and
+    adds a weight-sized gradient per instruction and chunk (7% of a forward+backward of 10^3 rows of
+    ``64x0e + 64x1o + 64x2e`` on 2 cores)."""
+    ends: Dict[int, int] = {}
+    for spec in specs:
+        mul1, mul2, mul_out, sw, mode = spec[1], spec[4], spec[7], spec[9], spec[11]
+        ends[sw] = sw + (mul1 * mul_out if mode == 1 else mul1 * mul2 * mul_out)
+    starts = list(ends.keys())
+    starts.sort()
+    sizes: List[int] = []
+    at = 0
+    for start in starts:
+        if start > at:
+            sizes.append(start - at)
+        sizes.append(ends[start] - start)
+        at = ends[start]
+    if at < weight.shape[-1]:
+        sizes.append(weight.shape[-1] - at)
+    pieces: Dict[int, torch.Tensor] = {}
+    at = 0
+    for size, piece in zip(sizes, torch.split(weight, sizes, dim=-1)):
+        if at in ends:
+            pieces[at] = piece
+        at += size
+    return pieces
+
+
 def _factored_rows(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, shared: bool, specs: List[List[int]],
                    coefficients: torch.Tensor, dim_out: int, rows: int) -> torch.Tensor:
     """The product of ``rows`` rows at once (arguments as :func:`factored_product`'s)."""
+    weights = _weight_pieces(weight, specs)
     blocks: Dict[int, torch.Tensor] = {}  # by output column: the sum of the instructions writing there
     outer: Dict[str, torch.Tensor] = {}  # "uuw": the products in1[u, i] in2[u, j] of a pair of inputs
     for spec in specs:
@@ -388,35 +418,34 @@ def _factored_rows(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, share
         x1 = x[:, s1:s1 + mul1 * d1].reshape(-1, mul1, d1).expand(rows, mul1, d1)
         x2 = y[:, s2:s2 + mul2 * d2].reshape(-1, mul2, d2).expand(rows, mul2, d2)
         C = coefficients[sc:sc + d1 * d2 * d_out].view(d1, d2, d_out)
-        size = mul1 * mul2 * mul_out
         if mode == 1:  # uuw: each channel's pair coupled, then the channels mixed by the weights
             key = str(s1) + "," + str(s2)  # instructions of one pair of inputs share its products
             if key not in outer:
                 outer[key] = (x1[:, :, :, None] * x2[:, :, None, :]).reshape(rows * mul1, d1 * d2)
             pairs = torch.mm(outer[key], C.reshape(d1 * d2, d_out)).view(rows, mul1, d_out)
             if shared:
-                W = weight[sw:sw + mul1 * mul_out].view(mul1, mul_out)
+                W = weights[sw].view(mul1, mul_out)
                 part = torch.mm(pairs.transpose(1, 2).reshape(rows * d_out, mul1), W).view(rows, d_out, mul_out)
             else:
-                W = weight[:, sw:sw + mul1 * mul_out].reshape(-1, mul1, mul_out).expand(rows, mul1, mul_out)
+                W = weights[sw].reshape(-1, mul1, mul_out).expand(rows, mul1, mul_out)
                 part = torch.bmm(pairs.transpose(1, 2), W)
             part = part.transpose(1, 2)
         elif not shared:
-            W = weight[:, sw:sw + size].reshape(-1, mul1, mul2, mul_out).expand(rows, mul1, mul2, mul_out)
+            W = weights[sw].reshape(-1, mul1, mul2, mul_out).expand(rows, mul1, mul2, mul_out)
             pairs = torch.einsum("zui,zkiv->zkuv", x1, torch.einsum("zvj,ijk->zkiv", x2, C))
             part = torch.einsum("zkuv,zuvw->zwk", pairs, W)
         elif d_out <= d1 and d_out <= d2:  # the weights meet the pairs of channels, per output component
             right = torch.einsum("zvj,ijk->zkvi", x2, C).reshape(rows, d_out * mul2, d1)
             pairs = torch.bmm(right, x1.transpose(1, 2))  # [rows, (k, v), u]
-            W = weight[sw:sw + size].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2 * mul1, mul_out)
+            W = weights[sw].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2 * mul1, mul_out)
             part = torch.mm(pairs.view(rows * d_out, mul2 * mul1), W).view(rows, d_out, mul_out).transpose(1, 2)
         elif d1 <= d2:  # the weights meet the first input, per its component
-            W = weight[sw:sw + size].view(mul1, mul2 * mul_out)
+            W = weights[sw].view(mul1, mul2 * mul_out)
             first = torch.mm(x1.transpose(1, 2).reshape(rows * d1, mul1), W)  # [(rows, i), (v, w)]
             coupled = torch.einsum("zvj,ijk->zivk", x2, C).reshape(rows, d1 * mul2, d_out)
             part = torch.bmm(first.view(rows, d1 * mul2, mul_out).transpose(1, 2), coupled)
         else:  # the weights meet the second input, per its component
-            W = weight[sw:sw + size].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2, mul1 * mul_out)
+            W = weights[sw].view(mul1, mul2, mul_out).transpose(0, 1).reshape(mul2, mul1 * mul_out)
             second = torch.mm(x2.transpose(1, 2).reshape(rows * d2, mul2), W)  # [(rows, j), (u, w)]
             coupled = torch.einsum("zui,ijk->zjuk", x1, C).reshape(rows, d2 * mul1, d_out)
             part = torch.bmm(second.view(rows, d2 * mul1, mul_out).transpose(1, 2), coupled)
