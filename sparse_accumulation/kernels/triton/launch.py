@@ -24,6 +24,7 @@ interpreter, another Triton), where a launch hook is installed (profilers), or w
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -111,7 +112,9 @@ def _run_locked(kernel, grid, args, tuning) -> tuple:
             # timing runs cannot be captured: the first configuration (the best guess) runs untuned, and the
             # kernel is tuned at its first launch outside a capture
             build.precompile(kernel, args, grid)
-            return kernel.fn.run(*args, grid=grid, warmup=False, **kernel.configs[0].all_kwargs()), None
+            compiled = kernel.fn.run(*args, grid=grid, warmup=False, **kernel.configs[0].all_kwargs())
+            _collect_compile_garbage()
+            return compiled, None
         timer = None if _noted.is_set() else threading.Timer(NOTE_AFTER_SECONDS, _note_compiling)
         if timer is not None:
             timer.daemon = True
@@ -123,7 +126,19 @@ def _run_locked(kernel, grid, args, tuning) -> tuple:
             if timer is not None:
                 timer.cancel()
         _launched.add(key)
+        if _capturing_or_warming_up(args[0]):
+            _collect_compile_garbage()
         return compiled, getattr(kernel, "best_config", None)
+
+
+def _collect_compile_garbage() -> None:
+    """Free the reference cycles that compiling and tuning a kernel leave, which hold the launch's tensors
+    (frames of Triton's compile and tuning path), after a first launch inside a CUDA graph capture or its warm-up:
+    torch's CUDA graphs check that the warm-up's tensors are freed when their last reference goes, which a cycle
+    defers to the next garbage collection (``reduce-overhead`` of a MACE stress step failed so from an empty
+    Triton cache). A full collection (about 0.5 s in a process that has compiled a model; a young one sufficed
+    in that case, but the frames live through the tuning and may have aged), only on such a launch."""
+    gc.collect()
 
 
 def _make_plan(kernel, grid, args, device, tuning):
