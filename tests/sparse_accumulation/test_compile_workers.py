@@ -3,10 +3,13 @@
 The kernels are compiled for a CUDA target, which Triton does without a GPU (its compiler and ``ptxas`` run on
 the host), so these run on the CPU machine; the compile call stands in for the one Triton's asynchronous mode
 submits, with the names its closure has (the CUDA selection checks the real one, through a first launch)."""
+import gc
+import inspect
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import pytest
 
@@ -196,6 +199,37 @@ def test_an_urgent_compile_started_ahead_reports_when_it_is_on_disk(private_cach
     assert again == []  # on disk: nothing more to wait for
     kernel = executor.submit(call).result()
     assert asked == [True] and kernel.hash == call().hash
+
+
+def test_a_prefetch_keeps_nothing_of_its_callers_alive(private_cache):
+    """Triton raises a prefetched call's outcome to see it; the traceback must not keep the frames up the stack
+    (a model's step, its tensors and autograd graph) alive until a garbage collection: a graph kept from a
+    warm-up step on the default stream makes a later CUDA graph capture of the step fail."""
+    from triton.runtime import _async_compile
+
+    executor = _executor()
+    call = _compile_call("sparse_accumulation_worker_frames", 1, [])
+
+    class Held:  # stands for a tensor that a caller up the stack holds
+        pass
+
+    def caller():
+        held = Held()
+
+        def warmups():  # what JITFunction.warmup does in Triton's asynchronous mode
+            mode = _async_compile.active_mode.get()
+            callbacks = len(inspect.signature(mode.submit).parameters) - 2
+            mode.submit("key", call, *[lambda *args: None] * callbacks)
+
+        executor.prefetch(warmups, urgent=True)
+        return weakref.ref(held)
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert caller()() is None
+    finally:
+        gc.enable()
 
 
 @pytest.mark.cuda

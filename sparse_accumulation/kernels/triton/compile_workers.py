@@ -269,6 +269,11 @@ class ProcessExecutor:
         recorder = _Recorder(self, urgent)
         with _AsyncCompileMode(recorder, ignore_errors=True):
             warmups()
+        for outcome in recorder.outcomes:
+            # Triton raised it to see the outcome: its traceback holds the frames of this call and, through
+            # theirs, of every caller up the stack (a model's whole step), in a reference cycle with the
+            # outcome's future that would keep their tensors and autograd graphs until a garbage collection
+            outcome.exception().__traceback__ = None
         return recorder.futures
 
     def prefetch_submit(self, compile_call, urgent: bool = False, futures=None) -> Future:
@@ -303,7 +308,9 @@ class _Recorder:
     it started."""
 
     def __init__(self, owner: ProcessExecutor, urgent: bool):
-        self.owner, self.urgent, self.futures = owner, urgent, []
+        self.owner, self.urgent, self.futures, self.outcomes = owner, urgent, [], []
 
     def submit(self, compile_call) -> Future:
-        return self.owner.prefetch_submit(compile_call, self.urgent, self.futures)
+        outcome = self.owner.prefetch_submit(compile_call, self.urgent, self.futures)
+        self.outcomes.append(outcome)
+        return outcome
