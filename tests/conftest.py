@@ -4,6 +4,11 @@ import os
 import pytest
 import torch
 
+# The processes the tests start (scripts, the command line, `python -c`) import this package from the tree under
+# test, whether or not it is installed
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")]))
+
 # A GPU kernel launched before it is compiled waits for its compile here, instead of computing with the portable
 # torch kernels meanwhile: the tests of the Triton kernels test those kernels (tests of the portable interim set
 # it themselves).

@@ -22,7 +22,7 @@ EXECUTED_PAGES = ["quickstart.rst", "tutorial.rst", pytest.param("implementation
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   pytest.param("message_passing.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
-                  "mace.rst",
+                  "mace.rst", "molecular_dynamics.rst",
                   pytest.param("deploying.rst", marks=pytest.mark.skipif(
                       importlib.util.find_spec("e3nn") is None, reason="the page's examples need e3nn")),
                   pytest.param("hippynn.rst", marks=pytest.mark.skipif(
@@ -34,7 +34,7 @@ MACE_PACKAGE = MACE_MODULE + ("ase", "torch_ema", "torchmetrics", "pandas", "mat
 # pages whose later examples need optional packages: without one of them, the page's blocks run up to the first
 # that fails to import it, and the test is skipped there; with them installed, every block runs (an ImportError
 # then fails the test)
-OPTIONAL_PACKAGES = {"mace.rst": MACE_PACKAGE}
+OPTIONAL_PACKAGES = {"mace.rst": MACE_PACKAGE, "molecular_dynamics.rst": MACE_PACKAGE}
 
 
 def _installed(name: str) -> bool:

@@ -4,10 +4,12 @@
 (mace-torch 0.3.16): the same constructor, call and parameters; :meth:`SymmetricContraction.from_mace` takes a
 MACE module with its weights. :func:`accelerate` converts a MACE model in place (its convolutions to fused
 message passing, :class:`Convolution`, its symmetric contractions, and its skip connections to one matrix product
-per element, :class:`ElementLinear`). mace-torch is never imported here.
+per element, :class:`ElementLinear`). :class:`CapturedModel` replays a model's molecular-dynamics calls from CUDA
+graphs. mace-torch is never imported here.
 """
 from .accelerate import INTERACTION_BLOCKS, Convolution, accelerate
+from .captured import CapturedModel
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
-__all__ = ["SymmetricContraction", "accelerate", "Convolution", "ElementLinear", "INTERACTION_BLOCKS"]
+__all__ = ["SymmetricContraction", "accelerate", "Convolution", "ElementLinear", "INTERACTION_BLOCKS", "CapturedModel"]

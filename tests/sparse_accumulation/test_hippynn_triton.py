@@ -36,7 +36,9 @@ def test_in_the_interpreter():
         pytest.skip("the kernels run in this process")
     pytest.importorskip("triton")
     environment = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not cuda",
+    # the project's addopts (pytest-xdist's -n) are not the child's: it runs this file alone, in one process
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                             "-m", "not cuda",
                              str(Path(__file__).resolve())], cwd=Path(__file__).resolve().parents[2],
                             env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]

@@ -1,0 +1,169 @@
+"""Molecular dynamics with a MACE model: the forces call alone, and velocity-Verlet NVE steps through MACE's ASE
+calculator, for MACE, MACE + cuEquivariance and this library, eager and replayed from CUDA graphs.
+
+    python benchmarks/md.py --device cuda --atoms 64 216 512 4096 10648 --steps 1000 --json md_h200.json
+    python benchmarks/md.py --device cpu --atoms 64 --steps 20 --variants mace,ours-eager,ours --channels 16
+
+The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor as in
+``benchmarks/mace_model.py`` (``--channels`` x (0e + 1o), spherical harmonics up to 3, correlation 3, two residual
+interactions, ``--elements`` elements, ``r_max`` 6; random weights). The systems: rock-salt NaCl crystals (lattice
+constant 5.64 Angstrom, ``n^3`` cubic cells of 8 atoms, ``n`` from ``--atoms``), rattled by 0.05 Angstrom, with
+velocities of 300 K. Variants:
+
+* ``mace``: MACE's model as built; ``cueq``: MACE's converter to cuEquivariance (``mace.cli.convert_e3nn_cueq``,
+  where cuequivariance is installed);
+* ``cueq-captured``: the cuEquivariance model replayed from CUDA graphs by
+  :class:`sparse_accumulation.mace.CapturedModel` (the anchor of an engine that captures its MD step by hand);
+* ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`.
+
+Per variant and size: ``call ms``, the median of ``--repeats`` forces calls (``model(batch, compute_force=True)``,
+CUDA events around each; on the CPU the host clock) on MACE's batch of the crystal, the wrapper's bucket made
+before; ``steps/s`` of ``--steps`` NVE steps (after 3) through ``mace.calculators.MACECalculator(models=...)``,
+which computes energy, forces and stress each step and builds its neighbour list on the host; ``drift``: the
+largest change of the total energy per atom over them (eV); ``peak MB``: the device memory the run peaked at above
+what was allocated before it (CUDA only). Float32 as MACE's calculator runs it (``--dtype``).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from mace_model import make_batch, make_model, to_cueq  # noqa: E402
+from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, synchronize  # noqa: E402
+from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
+from symmetric_contraction import cpu_name, versions  # noqa: E402
+
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours")
+
+
+def nacl(atoms: int, seed: int = 0):
+    """A rattled rock-salt NaCl crystal of about ``atoms`` atoms (``n^3`` cubic cells of 8), with 300 K velocities."""
+    from ase.build import bulk
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    n = max(1, round((atoms / 8) ** (1 / 3)))
+    crystal = bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat(n)
+    crystal.rattle(0.05, seed=seed)
+    MaxwellBoltzmannDistribution(crystal, temperature_K=300, rng=np.random.default_rng(seed))
+    return crystal
+
+
+def make_variants(names, mace, device, dtype) -> dict:
+    """The models of ``names`` (those that cannot be made here are left out, with a note)."""
+    made = {}
+    for name in names:
+        if name in ("cueq", "cueq-captured"):
+            cueq = to_cueq(mace, device) if device.type == "cuda" else None
+            if cueq is None:
+                print(f"# {name}: needs cuequivariance and CUDA; left out", flush=True)
+                continue
+            made[name] = cueq.to(device, dtype) if name == "cueq" else CapturedModel(cueq.to(device, dtype))
+        elif name == "mace":
+            made[name] = copy.deepcopy(mace).to(device, dtype)
+        else:
+            ours = accelerate(copy.deepcopy(mace)).to(device, dtype)
+            made[name] = ours if name == "ours-eager" else CapturedModel(ours)
+    return made
+
+
+def call_ms(model, batch, device, repeats: int) -> float:
+    def step():
+        return model(dict(batch), compute_force=True)["forces"]
+
+    for _ in range(3):
+        step()
+    return statistics.median(elapsed_ms(step, device) for _ in range(repeats))
+
+
+def run_md(model, crystal, device, dtype, steps: int) -> dict:
+    """NVE steps through MACE's ASE calculator: steps per second, energy drift per atom, peak memory."""
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+    from mace.calculators import MACECalculator
+
+    atoms = crystal.copy()
+    atoms.calc = MACECalculator(models=model, device=device.type, default_dtype=str(dtype).split(".")[-1])
+    dynamics = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+    dynamics.run(3)
+    energies = []
+    dynamics.attach(lambda: energies.append(atoms.get_total_energy()), interval=max(1, steps // 100))
+    synchronize(device)
+    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    dynamics.run(steps)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else None
+    energies = np.array(energies)
+    return {"steps_per_s": steps / seconds, "drift_ev_per_atom": float(np.abs(energies - energies[0]).max()) / len(atoms),
+            "peak_mb": peak}
+
+
+def main(argv=None):
+    compiled_kernels_only()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--atoms", type=int, nargs="+", default=[64, 216, 512])
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from " + ", ".join(VARIANTS))
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    parser.add_argument("--channels", type=int, default=128)
+    parser.add_argument("--elements", type=int, default=89)
+    parser.add_argument("--steps", type=int, default=1000, help="NVE steps timed per variant and size (0: none)")
+    parser.add_argument("--repeats", type=int, default=50, help="forces calls timed per variant and size")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    wanted = args.variants.split(",")
+    unknown = sorted(set(wanted) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    model_args = argparse.Namespace(channels=args.channels, max_ell=3, correlation=3, elements=args.elements,
+                                    r_max=6.0, interaction="RealAgnosticResidualInteractionBlock")
+    mace = make_model(model_args)
+    models = make_variants(wanted, mace, device, dtype)
+    meta = {"command": "python benchmarks/md.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+            "versions": versions(), "dtype": args.dtype, "channels": args.channels, "elements": args.elements}
+    print(json.dumps(meta), flush=True)
+    rows = []
+    for atoms in args.atoms:
+        crystal = nacl(atoms)
+        batch = make_batch(crystal, mace, dtype, device)
+        print(f"# {len(crystal)} atoms, {batch['edge_index'].shape[1]} edges", flush=True)
+        for name, model in models.items():
+            row = {"variant": name, "atoms": len(crystal), "edges": int(batch["edge_index"].shape[1])}
+            try:
+                row["call_ms"] = call_ms(model, batch, device, args.repeats)
+                if args.steps:
+                    row.update(run_md(model, crystal, device, dtype, args.steps))
+            except torch.OutOfMemoryError:
+                row["error"] = "out of memory"
+            except Exception as error:  # noqa: BLE001 - a variant that fails is a result; the others still run
+                row["error"] = repr(error)[:300]
+            rows.append(row)
+            shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+                             if k not in ("variant", "atoms", "edges"))
+            print(f"  {name:>14}: {shown}", flush=True)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if args.json:  # after every row: a run stopped early keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

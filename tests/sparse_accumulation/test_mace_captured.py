@@ -1,0 +1,177 @@
+"""``sparse_accumulation.mace.CapturedModel``: a converted MACE model's calls replayed from CUDA graphs per size
+bucket, atoms and edges padded by a padding system. On the CPU the padded buckets run eagerly (``cpu="padded"``),
+computing what a replay computes: energies, forces and stress equal MACE's model before conversion (float64
+1e-10 relative, float32 1e-5), buckets reused and made anew as neighbour lists shrink and grow, MACE's ASE
+calculator runs it unchanged and its molecular dynamics follows MACE's; on CUDA the same through replays."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from mace_models import RTOL, assert_close, batch, mace_model, structures  # skips without MACE
+
+from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
+
+KEYS = ("energy", "node_energy", "forces", "stress")
+_CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _squeezed(atoms, factor):
+    """``atoms`` with its cell and positions scaled by ``factor`` (more neighbours within the cutoff below 1)."""
+    atoms = atoms.copy()
+    atoms.set_cell(atoms.cell * factor, scale_atoms=True)
+    return atoms
+
+
+def _on(data: dict, device, dtype=torch.float64) -> dict:
+    return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) if isinstance(v, torch.Tensor) else v
+            for k, v in data.items()}
+
+
+def _assert_equal_outputs(got, expected, rtol=RTOL):
+    for key in KEYS:
+        assert got[key].shape == expected[key].shape, key
+        scale = expected[key].abs().max().item()
+        assert (got[key] - expected[key]).abs().max().item() <= rtol * scale, key
+
+
+def _models(generator, device="cpu", dtype=torch.float64, **options):
+    model = mace_model(generator).to(device, dtype)
+    return model, CapturedModel(accelerate(copy.deepcopy(model)), **options)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, RTOL), (torch.float32, 1e-5)])
+def test_padded_buckets_equal_maces_model(generator, dtype, rtol):
+    """A periodic crystal and a molecule in one batch, as two systems: their outputs with the padding dropped."""
+    model, ours = _models(generator, dtype=dtype, cpu="padded")
+    data = _on(batch(structures(generator), model), "cpu", dtype)
+    got = ours(dict(data), compute_stress=True)
+    _assert_equal_outputs(got, model(dict(data), compute_stress=True), rtol)
+    ((atoms, edges, systems),) = ours.buckets
+    assert atoms > data["positions"].shape[0] and edges > data["edge_index"].shape[1] and systems == 2
+    assert got["energy"].shape == (2,) and got["forces"].shape == data["positions"].shape
+
+
+def test_neighbour_lists_that_shrink_reuse_a_bucket_and_those_that_outgrow_it_make_another(generator):
+    model, ours = _models(generator, cpu="padded", edge_headroom=0.05, edge_multiple=8)
+    crystal, molecule = structures(generator)
+    sizes = []
+    for factor in (1.0, 1.01, 0.8, 1.0):  # a little fewer edges, many more, back
+        data = batch([_squeezed(crystal, factor), molecule], model)
+        _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
+        sizes.append((data["edge_index"].shape[1], ours.captures))
+    (e0, c0), (e1, c1), (e2, c2), (e3, c3) = sizes
+    assert e1 <= e0 < e2 and (c0, c1, c2, c3) == (1, 1, 2, 2)
+    assert len(ours.buckets) == 2
+
+
+def test_maces_calculator_runs_it_and_its_dynamics_follow_maces(generator):
+    """MACE's ASE calculator given the wrapper (``models=``), unchanged: energy, forces and stress, then velocity
+    Verlet steps whose positions and energies follow MACE's own model's; the total energy is conserved as well as
+    MACE's own trajectory conserves it."""
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+    from mace.calculators import MACECalculator
+
+    model, ours = _models(generator, cpu="padded")
+    crystal = structures(generator)[0]
+    rng = np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=generator)))
+    momenta = rng.normal(0.0, 0.3, (len(crystal), 3))
+    runs = {}
+    for name, calculator_model in (("mace", model), ("ours", ours)):
+        atoms = crystal.copy()
+        atoms.calc = MACECalculator(models=calculator_model, device="cpu", default_dtype="float64")
+        first = atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()
+        atoms.set_momenta(momenta)
+        energies = []
+        dynamics = VelocityVerlet(atoms, timestep=0.25 * units.fs)
+        dynamics.attach(lambda: energies.append(atoms.get_total_energy()))
+        dynamics.run(8)
+        runs[name] = (*first, atoms.get_positions(), np.array(energies))
+    for what, got, expected in zip(["energy", "forces", "stress", "positions", "total energies"], runs["ours"],
+                                   runs["mace"]):
+        assert np.abs(np.asarray(got) - expected).max() <= RTOL * np.abs(expected).max(), what
+    assert ours.captures == 1  # one bucket served every step
+    drift = np.abs(runs["ours"][-1] - runs["ours"][-1][0]).max()
+    assert drift <= 1e-3 * len(crystal), drift
+
+
+def test_cpu_calls_run_the_model_itself_by_default_and_unsupported_calls_run_eagerly(generator):
+    model, ours = _models(generator)
+    data = batch(structures(generator), model)
+    expected = ours.model(dict(data), compute_stress=True)
+    got = ours(dict(data), compute_stress=True)
+    assert all(torch.equal(got[k], expected[k]) for k in KEYS) and ours.captures == 0
+    padded = CapturedModel(ours.model, cpu="padded")
+    out = padded(dict(data), training=True)  # a training step keeps its graph: never padded nor captured
+    assert out["forces"].requires_grad and padded.captures == 0
+    assert ours.r_max == model.r_max and torch.equal(ours.atomic_numbers, model.atomic_numbers)
+
+
+def test_moving_the_model_forgets_its_buckets(generator):
+    model, ours = _models(generator, cpu="padded")
+    data = batch(structures(generator), model)
+    ours(dict(data))
+    assert len(ours.buckets) == 1
+    ours.float()
+    assert ours.buckets == []
+    _assert_equal_outputs(ours(_on(data, "cpu", torch.float32), compute_stress=True),
+                          model.float()(_on(data, "cpu", torch.float32), compute_stress=True), 1e-5)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(atom_multiple=0), "atom_multiple must be a positive int"),
+    (dict(edge_multiple=2.5), "edge_multiple must be a positive int"),
+    (dict(max_buckets=True), "max_buckets must be a positive int"),
+    (dict(edge_headroom=-1), r"edge_headroom must be a number in \[0, 10\]"),
+    (dict(cpu="graphs"), "cpu must be 'eager' or 'padded'"),
+])
+def test_bad_options_are_refused(generator, options, message):
+    with pytest.raises(ValueError, match=message):
+        CapturedModel(mace_model(generator), **options)
+
+
+def test_what_is_not_a_mace_model_or_batch_is_refused(generator):
+    with pytest.raises(ValueError, match="model must be a MACE model"):
+        CapturedModel(torch.nn.Linear(2, 2))
+    model, ours = _models(generator, cpu="padded")
+    data = batch(structures(generator), model)
+    del data["cell"]
+    with pytest.raises(ValueError, match="data must hold the tensor 'cell'"):
+        ours(data)
+
+
+@pytest.mark.parametrize("dtype, rtol", [pytest.param(torch.float64, RTOL, marks=_CUDA),
+                                         pytest.param(torch.float32, 1e-5, marks=_CUDA)])
+def test_replays_equal_maces_model_for_new_positions_and_neighbour_lists(generator, dtype, rtol):
+    """On CUDA: captured once per bucket, replayed for new positions, for a neighbour list a little smaller (the
+    same graph) and one that outgrows its bucket (a new capture), and for the first again."""
+    model, ours = _models(generator, "cuda", dtype)
+    crystal, molecule = structures(generator)
+    rng = np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=generator)))
+    for factor, captures in ((1.0, 1), (1.0, 1), (1.01, 1), (0.8, 2), (1.0, 2)):
+        moved = _squeezed(crystal, factor)
+        moved.positions += rng.normal(0.0, 0.02, moved.positions.shape)
+        data = _on(batch([moved, molecule], model), "cuda", dtype)
+        _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True), rtol)
+        assert ours.captures == captures
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_maces_calculator_on_cuda_replays(generator):
+    from mace.calculators import MACECalculator
+
+    model, ours = _models(generator, "cuda")
+    crystal = structures(generator)[0]
+    results = []
+    for calculator_model in (model, ours):
+        atoms = crystal.copy()
+        atoms.calc = MACECalculator(models=calculator_model, device="cuda", default_dtype="float64")
+        results.append((atoms.get_potential_energy(), atoms.get_forces(), atoms.get_stress()))
+        atoms.positions += 0.01
+        results[-1] += (atoms.get_forces(),)
+    for got, expected in zip(results[1], results[0]):
+        assert np.abs(np.asarray(got) - expected).max() <= RTOL * np.abs(expected).max()
+    assert ours.captures == 1
