@@ -4,8 +4,8 @@ MD calls the same model millions of times on one system whose positions, and now
 :class:`CapturedModel` wraps a model with MACE's call (``model(data, compute_force=..., compute_stress=...)``,
 e.g. one converted by :func:`~sparse_accumulation.mace.accelerate`) and, on CUDA, captures that call once per
 size bucket in a CUDA graph, then replays it: each call copies the batch into the bucket's static inputs,
-replays the graph and returns copies of the outputs. The engines that call MACE's models (MACE's ASE calculator,
-its torch-sim model, a plain loop) take the wrapper in place of the model, unchanged.
+replays the graph and returns copies of the outputs. Engines that call MACE's models (MACE's ASE calculator, a
+plain loop; MACE's torch-sim model builds the same batch) take the wrapper in place of the model, unchanged.
 
 Buckets: atoms and edges are padded up to a bucket's sizes with a padding system that contributes nothing to the
 real ones: one extra graph holds every padding atom (zero node attributes, at the origin, in a cubic cell larger
@@ -29,7 +29,7 @@ import torch
 #: the batch's per-atom, per-edge and per-system entries copied into a bucket (others are not passed on)
 ATOM_KEYS = ("positions", "node_attrs", "batch")
 EDGE_KEYS = ("edge_index", "shifts", "unit_shifts")
-SYSTEM_KEYS = ("cell", "head", "pbc", "total_charge", "total_spin")
+SYSTEM_KEYS = ("cell", "head", "total_charge", "total_spin")
 #: outputs per system, per atom and per edge (sliced to the real ones); others are returned as they are
 SYSTEM_OUTPUTS = frozenset(("energy", "interaction_energy", "virials", "stress", "displacement", "dipole",
                             "polarizability", "total_charge"))
@@ -108,7 +108,7 @@ class _Bucket:
                 static[key][edges:, 0] = scale
         if "cell" in static:
             static["cell"][3 * G:] = length * torch.eye(3, dtype=static["cell"].dtype, device=static["cell"].device)
-        for key in ("head", "pbc", "total_charge", "total_spin"):
+        for key in ("head", "total_charge", "total_spin"):
             if key in static:
                 static[key][G:] = 0
         static["ptr"][G + 1] = self.atoms
@@ -157,7 +157,8 @@ class CapturedModel(torch.nn.Module):
 
     A call takes MACE's ``data`` dict (a batch of ``ptr``/``batch``-indexed systems): ``positions``,
     ``node_attrs``, ``batch``, ``ptr``, ``edge_index``, ``shifts``, ``unit_shifts``, ``cell`` and, where
-    present, ``head``, ``pbc``, ``total_charge``, ``total_spin``; other entries are not passed on. Outputs are
+    present, ``head``, ``total_charge``, ``total_spin`` (one per system); other entries (``pbc``, the labels of
+    a training batch) are not passed on. Outputs are
     MACE's, detached, for the real systems, atoms and edges only (copies: a later call does not change them).
 
     Parameters changed in place (``load_state_dict``, an optimiser step) are seen by the replays; after

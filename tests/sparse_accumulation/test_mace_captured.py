@@ -97,6 +97,16 @@ def test_maces_calculator_runs_it_and_its_dynamics_follow_maces(generator):
     assert drift <= 1e-3 * len(crystal), drift
 
 
+def test_a_batch_as_torch_sims_mace_model_builds_it(generator):
+    """MACE's torch-sim model passes cells as ``[systems, 3, 3]``, a ``pbc`` of the whole state and positions that
+    already require grad."""
+    model, ours = _models(generator, cpu="padded")
+    data = batch(structures(generator), model)
+    data = dict(data, cell=data["cell"].view(-1, 3, 3), pbc=torch.tensor([True, True, True]),
+                positions=data["positions"].clone().requires_grad_(True))
+    _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
+
+
 def test_cpu_calls_run_the_model_itself_by_default_and_unsupported_calls_run_eagerly(generator):
     model, ours = _models(generator)
     data = batch(structures(generator), model)
