@@ -45,6 +45,9 @@ class FullyConnectedNet(torch.nn.Module):
         ImportError: e3nn is not installed.
     """
 
+    __jit_ignored_attributes__ = ["_steps"]  # the eager forward's constants and activations
+    __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile (MACE's scripting) scripts it, as e3nn's own
+
     def __init__(self, hs: Sequence[int], act: Optional[Callable] = None, variance_in: float = 1,
                  variance_out: float = 1, out_act: bool = False) -> None:
         super().__init__()
@@ -92,7 +95,12 @@ class FullyConnectedNet(torch.nn.Module):
         return f"{self.__class__.__name__}{self.hs}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., hs[0]]`` -> ``[..., hs[-1]]``, e3nn's function."""
+        """``x [..., hs[0]]`` -> ``[..., hs[-1]]``, e3nn's function (under ``torch.jit.script``, e3nn's layers
+        compute it, as e3nn's network does)."""
+        if torch.jit.is_scripting():
+            for layer in self.children():
+                x = layer(x)
+            return x
         for layer, (scale, act) in zip(self.children(), self._steps):
             x = x @ (layer.weight * scale)
             if act is not None:

@@ -7,7 +7,6 @@ reads the full input once per input irrep (nine times for the convolution output
 input is cut with ``split``, whose gradient is one concatenation, and each instruction's path weight scales its
 weight block instead of its output.
 """
-from __future__ import annotations
 
 import math
 from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
@@ -49,6 +48,12 @@ class Linear(torch.nn.Module):
             ``internal_weights`` without ``shared_weights``, biases on non-scalar outputs or of the wrong count.
         IrrepIndexError: an instruction index that is not an index of its irreps.
     """
+
+    # what TorchScript reads (typed here: an empty list would not be), and what it does not
+    __jit_ignored_attributes__ = ["_path_weights"]
+    _plans: List[List[int]]
+    _in_sizes: List[int]
+    _weight_sizes: List[int]
 
     def __init__(self, irreps_in, irreps_out, *, f_in: Optional[int] = None, f_out: Optional[int] = None,
                  internal_weights: Optional[bool] = None, shared_weights: Optional[bool] = None,
@@ -179,41 +184,59 @@ class Linear(torch.nn.Module):
             if self.bias_numel > 0 and not self.internal_weights:
                 raise WeightsMissingError("Biases must be provided when internal_weights = False")
             bias = self.bias
-        if features.shape[-1:] != (self._dim_in,):
-            raise InvalidArgumentError(f"features: last dimension {tuple(features.shape[-1:])} is not irreps_in.dim "
-                                       f"= {self._dim_in}")
-        if self.weight_numel and weight.shape[-1:] != (self.weight_numel,):
-            raise InvalidArgumentError(f"weight: last dimension {tuple(weight.shape[-1:])} is not weight_numel = "
-                                       f"{self.weight_numel}")
-        lead = features.shape[:-1]
-        x = features.reshape(-1, self._dim_in)
-        rows = x.shape[0]
+        if features.dim() < 1 or features.shape[-1] != self._dim_in:
+            raise InvalidArgumentError(f"features: last dimension of shape {list(features.shape)} is not "
+                                       f"irreps_in.dim = {self._dim_in}")
+        if self.weight_numel > 0 and (weight.dim() < 1 or weight.shape[-1] != self.weight_numel):
+            raise InvalidArgumentError(f"weight: last dimension of shape {list(weight.shape)} is not weight_numel "
+                                       f"= {self.weight_numel}")
+        lead = list(features.shape[:-1])
+        rows = 1
+        for n in lead:
+            rows *= n
+        x = features.reshape(rows, self._dim_in)  # (not -1: ambiguous for empty irreps_in)
         parts = torch.split(x, self._in_sizes, dim=-1)
-        if self.weight_numel:
-            scaled = weight.reshape(-1, self.weight_numel) * self._path_weights_like(weight)
-            blocks = torch.split(scaled, self._weight_sizes, dim=-1)
-        out = []
-        for mul_out, d, paths, mul_in, bias_at in self._outputs:
-            piece = None
-            if paths and self.shared_weights:
+        blocks: List[torch.Tensor] = []
+        if self.weight_numel > 0:
+            if torch.jit.is_scripting():
+                path_weights = self.path_weight_values.to(weight.dtype)
+            else:
+                path_weights = self._path_weights_like(weight)
+            blocks = list(torch.split(weight.reshape(-1, self.weight_numel) * path_weights, self._weight_sizes, -1))
+        out: List[torch.Tensor] = []
+        for plan in self._plans:
+            # [mul_out, dim, sum of the paths' mul_in, bias offset or -1, then (input irrep, mul_in, block) per path]
+            mul_out, d, mul_in, bias_at = plan[0], plan[1], plan[2], plan[3]
+            paths = [(plan[j], plan[j + 1], plan[j + 2]) for j in range(4, len(plan), 3)]
+            piece: Optional[torch.Tensor] = None
+            if len(paths) > 0 and self.shared_weights:
                 # the paths into this output as one product: [rows * d, sum of u] @ [sum of u, mul_out]
                 inputs = [parts[i].view(rows, u, d).transpose(1, 2) for i, u, _ in paths]
-                xt = (inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=2)).reshape(rows * d, mul_in)
-                w = [blocks[k].view(u, mul_out) for _, u, k in paths]
-                y = xt @ (w[0] if len(w) == 1 else torch.cat(w, dim=0))
+                xt = torch.cat(inputs, dim=2).reshape(rows * d, mul_in)
+                y = xt @ torch.cat([blocks[k].view(u, mul_out) for _, u, k in paths], dim=0)
                 piece = y if d == 1 else y.view(rows, d, mul_out).transpose(1, 2).reshape(rows, mul_out * d)
-            elif paths:
+            else:
                 for i, u, k in paths:
                     term = torch.einsum("zuw,zui->zwi", blocks[k].view(-1, u, mul_out),
                                         parts[i].view(rows, u, d)).reshape(rows, mul_out * d)
                     piece = term if piece is None else piece + term
-            if bias_at is not None:
+            if bias_at >= 0:
                 b = bias.reshape(-1, self.bias_numel)[:, bias_at:bias_at + mul_out]
                 piece = b.expand(rows, mul_out) if piece is None else piece + b
             out.append(x.new_zeros(rows, mul_out * d) if piece is None else piece)
+        if len(out) == 0:  # no output irreps: e3nn's [..., 0]
+            return x.new_zeros(lead + [0])
         result = torch.cat(out, dim=-1) if len(out) != 1 else out[0]
-        return result.reshape(*lead, self._dim_out)
+        return result.reshape(lead + [self._dim_out])
 
+    def _apply(self, fn, *args, **kwargs):
+        module = super()._apply(fn, *args, **kwargs)
+        # the path weights keep their exact float64 values wherever the module goes, whatever dtype it takes
+        exact = self._path_weights[torch.device("cpu"), torch.float64]
+        self.path_weight_values = exact.to(self.path_weight_values.device)
+        return module
+
+    @torch.jit.unused
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
         """Each weight entry's path weight on ``weight``'s device, in its dtype (made once per pair; not kept when
         made while compiling, or inside inference mode, where it would be an inference tensor that a later call
@@ -227,10 +250,10 @@ class Linear(torch.nn.Module):
         return found
 
     def _plan(self) -> None:
-        """What :meth:`forward` reads per output irrep: ``(mul, dim, paths, their total mul_in, bias offset or
-        None)``, paths ``(input irrep, mul_in, weight block)`` of the instructions computed (none on multiplicity
-        0); the split sizes of the input and the weight; each weight entry's path weight (float64,
-        :meth:`_path_weights_like`)."""
+        """What :meth:`forward` reads per output irrep, as a list of ints (TorchScript types it): ``[mul, dim,
+        the paths' total mul_in, bias offset or -1]`` and ``input irrep, mul_in, weight block`` per path of the
+        instructions computed (none on multiplicity 0); the split sizes of the input and the weight; each weight
+        entry's path weight (float64, :meth:`_path_weights_like`)."""
         self._dim_in, self._dim_out = self.irreps_in.dim, self.irreps_out.dim  # plain ints for torch.compile
         self._in_sizes = [mul_ir.dim for mul_ir in self.irreps_in]
         weighted = [ins for ins in self.instructions if ins.i_in != -1]
@@ -239,17 +262,20 @@ class Linear(torch.nn.Module):
         self._path_weights[torch.device("cpu"), torch.float64] = torch.cat(
             [torch.full((n,), ins.path_weight, dtype=torch.float64) for n, ins in zip(self._weight_sizes, weighted)]
             or [torch.zeros(0, dtype=torch.float64)])
+        # the same values as a buffer that moves with the module (not saved: e3nn's state dict has none)
+        self.register_buffer("path_weight_values", self._path_weights[torch.device("cpu"), torch.float64].clone(),
+                             persistent=False)
         bias_offsets, offset = {}, 0
         for ins in self.instructions:
             if ins.i_in == -1:
                 bias_offsets[ins.i_out] = offset
                 offset += ins.path_shape[0]
-        self._outputs = []
+        self._plans = []
         for i_out, mul_ir in enumerate(self.irreps_out):
             paths = [(ins.i_in, ins.path_shape[0], k) for k, ins in enumerate(weighted)
                      if ins.i_out == i_out and 0 not in ins.path_shape]
-            self._outputs.append((mul_ir.mul, mul_ir.ir.dim, paths, sum(u for _, u, _ in paths),
-                                  bias_offsets.get(i_out)))
+            self._plans.append([mul_ir.mul, mul_ir.ir.dim, sum(u for _, u, _ in paths), bias_offsets.get(i_out, -1)]
+                               + [n for path in paths for n in path])
 
     def weight_view_for_instruction(self, instruction: int, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The view of ``weight`` (default the module's) of instruction ``instruction``: ``[..., mul_in,

@@ -30,7 +30,10 @@ mace-torch is imported when :func:`accelerate` runs, never when this module is i
 """
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -265,10 +268,25 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     if interactions and hasattr(model, "interactions") and not getattr(model, _PREPARES_EDGES, False):
         model.register_forward_pre_hook(prepare_edges_first, with_kwargs=True)
         setattr(model, _PREPARES_EDGES, True)
+        # torch.jit.script asks for this first (MACE's jit.compile, its LAMMPS export): the hook does not script
+        model.__prepare_scriptable__ = functools.partial(_without_edge_hook, model)
     return model
 
 
 _PREPARES_EDGES = "_sparse_accumulation_prepares_edges"
+
+
+def _without_edge_hook(model: torch.nn.Module) -> torch.nn.Module:
+    """A shallow copy of the converted ``model`` without :func:`prepare_edges_first` (what TorchScript compiles:
+    the hook reads index values, which a scripted model cannot; its convolutions prepare the edges themselves)."""
+    scriptable = copy.copy(model)
+    del scriptable.__dict__["__prepare_scriptable__"]
+    scriptable._forward_pre_hooks = OrderedDict((key, hook) for key, hook in model._forward_pre_hooks.items()
+                                                if hook is not prepare_edges_first)
+    scriptable._forward_pre_hooks_with_kwargs = {key: value for key, value in
+                                                 model._forward_pre_hooks_with_kwargs.items()
+                                                 if key in scriptable._forward_pre_hooks}
+    return scriptable
 
 
 def prepare_edges_first(model, args, kwargs) -> None:
@@ -278,6 +296,8 @@ def prepare_edges_first(model, args, kwargs) -> None:
     the first convolution it waits for the radial networks and then idles while the host catches up. The
     convolutions find the prepared rows (:func:`sparse_accumulation.indices.prepared_index`). Bad indices are
     left for the convolutions to report."""
+    if torch.compiler.is_compiling():  # a compiled graph reads no index values (and dynamo traces no further)
+        return
     data = args[0] if args else kwargs.get("data")
     if not isinstance(data, dict) or torch.is_inference_mode_enabled():  # nothing made there is kept
         return

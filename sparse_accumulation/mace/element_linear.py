@@ -13,7 +13,7 @@ static shapes, no synchronisation, differentiable to any order through torch's o
 nonzero of another value scale the output; any other rows (or attributes that require grad) take e3nn's sum over
 every element.
 """
-from __future__ import annotations
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -52,6 +52,11 @@ class ElementLinear(torch.nn.Module):
         ValueError: a second input other than one irrep of scalars, or weights that are not internal and shared.
     """
 
+    __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile (MACE's scripting) scripts it, as e3nn's own
+    # what TorchScript reads (typed here: an empty list would not be)
+    _paths: List[Tuple[int, int, int, int, int, int, float]]
+    _outputs: List[Tuple[int, int]]
+
     def __init__(self, tensor_product: torch.nn.Module):
         super().__init__()
         from e3nn import o3
@@ -78,11 +83,11 @@ class ElementLinear(torch.nn.Module):
                 paths.append((starts[ins.i_in1], mul_in, ir_in.dim, ins.i_out, mul_out, offset,
                               ins.path_weight * coupling))
             offset += size
-        self._paths = tuple(paths)
-        self._outputs = tuple((mul, ir.dim) for mul, ir in tp.irreps_out)
+        self._paths = paths
+        self._outputs = [(mul, ir.dim) for mul, ir in tp.irreps_out]
 
     @staticmethod
-    def refusal(tensor_product) -> "str | None":
+    def refusal(tensor_product) -> Optional[str]:
         """Why ``tensor_product`` cannot be made into an :class:`ElementLinear` (None: it can)."""
         try:
             from e3nn import o3
@@ -116,41 +121,52 @@ class ElementLinear(torch.nn.Module):
                 :func:`sparse_accumulation.mace.attributes.prepare` for ``y``.
         """
         if x.dim() != 2 or x.shape[1] != self._dim_in:
-            raise ValueError(f"x must be [nodes, {self._dim_in}], got shape {tuple(x.shape)}")
+            raise ValueError(f"x must be [nodes, {self._dim_in}], got shape {list(x.shape)}")
         if y.shape[0] != x.shape[0]:
-            raise ValueError(f"y must have x's {x.shape[0]} nodes, got shape {tuple(y.shape)}")
+            raise ValueError(f"y must have x's {x.shape[0]} nodes, got shape {list(y.shape)}")
+        if torch.jit.is_scripting():  # e3nn's sum over every element (what MACE's scripted model computes)
+            per_node = torch.nn.functional.one_hot(y, self.num_elements) if y.dim() == 1 else y
+            return self._assembled(x, self._every_element(x, per_node.to(x.dtype)))
         attributes = prepare(y, self.num_elements, "y")
         if attributes.per_node is not None:
-            parts = self._every_element(x, attributes.per_node.to(x.dtype))
+            out = self._assembled(x, self._every_element(x, attributes.per_node.to(x.dtype)))
         else:
-            parts = self._per_element(x, attributes.elements)
-        blocks = [None] * len(self._outputs)
-        for i_out, part in parts:
-            blocks[i_out] = part if blocks[i_out] is None else blocks[i_out] + part
-        blocks = [b if b is not None else x.new_zeros(x.shape[0], mul * dim)  # no instruction writes it
-                  for b, (mul, dim) in zip(blocks, self._outputs)]
-        out = torch.cat(blocks, dim=1) if blocks else x.new_zeros(x.shape[0], 0)
+            out = self._assembled(x, self._per_element(x, attributes.elements))
         return out if attributes.scale is None else out * attributes.scale.to(x.dtype)
+
+    def _assembled(self, x: torch.Tensor, parts: List[Tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """``[N, irreps_out.dim]``: the instructions' parts summed per output irrep, in order."""
+        blocks: List[Optional[torch.Tensor]] = [None for _ in self._outputs]
+        for i_out, part in parts:
+            block = blocks[i_out]
+            blocks[i_out] = part if block is None else block + part
+        out: List[torch.Tensor] = []
+        for block, (mul, dim) in zip(blocks, self._outputs):
+            out.append(block if block is not None else x.new_zeros(x.shape[0], mul * dim))  # no instruction writes it
+        return torch.cat(out, dim=1) if len(out) > 0 else x.new_zeros(x.shape[0], 0)
 
     def _weights(self, offset: int, mul_in: int, mul_out: int) -> torch.Tensor:
         return self.weight.narrow(0, offset, mul_in * self.num_elements * mul_out).view(
             mul_in, self.num_elements, mul_out)
 
-    def _every_element(self, x, y):
+    def _every_element(self, x: torch.Tensor, y: torch.Tensor) -> List[Tuple[int, torch.Tensor]]:
         """``(output index, [N, mul_out * dim])`` per instruction: e3nn's sum over every element (rows that are
         not one-hot)."""
         N = x.shape[0]
+        parts: List[Tuple[int, torch.Tensor]] = []
         for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
             features = x[:, start:start + mul_in * dim].view(N, mul_in, dim)
             part = torch.einsum("nuk,nv,uvw->nwk", features, y, self._weights(offset, mul_in, mul_out))
-            yield i_out, (factor * part).reshape(N, mul_out * dim)
+            parts.append((i_out, (factor * part).reshape(N, mul_out * dim)))
+        return parts
 
-    def _per_element(self, x, elements):
+    @torch.jit.unused
+    def _per_element(self, x, elements) -> list:
         """``(output index, [N, mul_out * dim])`` per instruction: each node's own element only, tile by tile (see
         the module docstring)."""
         N = x.shape[0]
         if N == 0:
-            return
+            return []
         rows = tile_rows(N, self.num_elements)
         table, _ = elements.tiles(rows)
         tiles = table.shape[1]
@@ -160,9 +176,11 @@ class ElementLinear(torch.nn.Module):
         # where each node's row lies among the slots (padding slots write to row N, dropped)
         slot = torch.empty(N + 1, dtype=torch.int64, device=x.device).scatter_(
             0, torch.where(valid, node, N).flatten(), torch.arange(tiles * rows, device=x.device))[:N]
+        parts = []
         for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
             features = x[:, start:start + mul_in * dim].view(N, mul_in, dim).transpose(1, 2)[node]
             weights = self._weights(offset, mul_in, mul_out).index_select(1, table[0]).transpose(0, 1)
             product = torch.bmm(features.reshape(tiles, rows * dim, mul_in), weights)  # [tiles, rows * dim, w]
-            yield i_out, (factor * product).view(tiles * rows, dim, mul_out)[slot].transpose(1, 2).reshape(
-                N, mul_out * dim)
+            parts.append((i_out, (factor * product).view(tiles * rows, dim, mul_out)[slot].transpose(1, 2).reshape(
+                N, mul_out * dim)))
+        return parts

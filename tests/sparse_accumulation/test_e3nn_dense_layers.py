@@ -106,6 +106,45 @@ def test_linear_on_empty_rows_and_leading_dimensions():
     assert ours(torch.randn(2, 3, 4, 5)).shape == (2, 3, 4, 9)
 
 
+@pytest.mark.parametrize("irreps_in", ["3x0e + 1x1o", "0x0e + 2x1o"])
+def test_linear_with_no_output_irreps_equals_e3nns(generator, irreps_in):
+    """No output irreps (MACE's dipole readout builds ``Linear("16x1o", "")``): e3nn's ``[..., 0]``."""
+    theirs = _e3nns_with_random_parameters(lambda: o3.Linear(irreps_in, ""), generator)
+    ours = Linear.from_e3nn(theirs)
+    x = torch.randn(4, 3, theirs.irreps_in.dim, generator=generator, dtype=torch.float64)
+    expected = theirs(x)
+    assert expected.shape == (4, 3, 0) and ours(x).shape == expected.shape == torch.jit.script(ours)(x).shape
+
+
+@pytest.mark.parametrize("irreps_out", ["2x0e + 1x1o", ""])
+def test_linear_with_no_input_irreps_gives_its_biases(generator, irreps_out):
+    """No input irreps (e3nn itself cannot reshape such inputs): the biases of scalar outputs, zeros elsewhere."""
+    ours = Linear("", irreps_out, biases=True).double()
+    with torch.no_grad():
+        ours.bias.normal_(generator=generator)
+    x = torch.randn(4, 3, 0, dtype=torch.float64)
+    expected = torch.zeros(4, 3, ours.irreps_out.dim, dtype=torch.float64)
+    if ours.bias_numel:
+        expected[..., :2] = ours.bias
+    for module in (ours, torch.jit.script(ours)):
+        assert torch.equal(module(x), expected)
+
+
+@pytest.mark.parametrize("irreps_in, irreps_out, kwargs", LINEAR_CASES)
+def test_scripted_linear_equals_e3nns_with_its_exact_path_weights(generator, irreps_in, irreps_out, kwargs):
+    """``torch.jit.script`` of the layer (what MACE's ``jit.compile`` does to a converted model): e3nn's outputs
+    and gradients to second order; made in float32 and then taken to float64, its path weights are the exact
+    ones still."""
+    theirs = _e3nns_with_random_parameters(lambda: o3.Linear(irreps_in, irreps_out, **kwargs), generator)
+    ours = Linear(irreps_in, irreps_out, **kwargs).float().double()
+    ours.load_state_dict(theirs.state_dict())
+    scripted = torch.jit.script(ours)
+    x = torch.randn(4, 7, theirs.irreps_in.dim, generator=generator, dtype=torch.float64, requires_grad=True)
+    for module in (ours, scripted):
+        _assert_all_close(_derivatives(module, x, [], lambda m, v: m(v)),
+                          _derivatives(theirs, x, [], lambda m, v: m(v)))
+
+
 def test_linear_called_in_inference_mode_then_in_training(generator):
     """What a call inside ``torch.inference_mode()`` makes (the path weights in float32) is not kept for a later
     call that trains."""

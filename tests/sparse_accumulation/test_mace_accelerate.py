@@ -163,6 +163,47 @@ def test_torch_compile_molecular_dynamics_and_training_steps(device, mode, tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_maces_jit_compile_scripts_the_converted_model(generator, tmp_path):
+    """MACE's ``jit.compile`` (e3nn's, as MACE scripts models for LAMMPS and ``run_train`` exports them) scripts a
+    converted model: energies, forces and stress equal MACE's, also after ``torch.jit.save`` and ``load``; the
+    eager model keeps its edge check."""
+    from e3nn.util import jit
+
+    model = mace_model(generator)
+    ours = accelerate(copy.deepcopy(model))
+    scripted = jit.compile(ours)
+    assert isinstance(scripted, torch.jit.ScriptModule)
+    torch.jit.save(scripted, str(tmp_path / "model.pt"))
+    data = batch(structures(generator), model)
+    expected = model(dict(data), compute_stress=True)
+    for module in (scripted, torch.jit.load(str(tmp_path / "model.pt"))):
+        got = module(dict(data), compute_stress=True)
+        for key in ("energy", "forces", "stress"):
+            assert_close(got[key], expected[key], key)
+    assert any(hook.__name__ == "prepare_edges_first" for hook in ours._forward_pre_hooks.values())
+    assert_same_outputs(ours, model, data)
+    # MACE's LAMMPS export (pair_style mace) scripts the model inside its LAMMPS_MACE wrapper
+    from mace.calculators import LAMMPS_MACE
+
+    crystal = batch(structures(generator)[:1], model)
+    local = torch.ones(crystal["positions"].shape[0], dtype=torch.float64)
+    got = jit.compile(LAMMPS_MACE(ours))(dict(crystal), local, compute_virials=True)
+    expected = LAMMPS_MACE(copy.deepcopy(model))(dict(crystal), local, compute_virials=True)
+    for key in ("total_energy_local", "forces", "virials"):
+        assert_close(got[key], expected[key], key)
+
+
+def test_the_edge_check_is_traced_whole_by_torch_compile(generator):
+    """MACE compiles with ``fullgraph=True``: the converted model's forward pre-hook must not break the graph."""
+    from sparse_accumulation.mace.accelerate import prepare_edges_first
+
+    model = accelerate(mace_model(generator))
+    data = batch(structures(generator), model)
+    check = torch.compile(lambda d: prepare_edges_first(model, (d,), {}), fullgraph=True, backend="eager")
+    assert check(data) is None
+
+
 def test_hessians_equal_maces(generator):
     """MACE's ``compute_hessian=True`` (second derivatives of the energy by positions, e.g. for phonons); the
     converted layers' autograd functions do not run under ``torch.vmap``, so MACE takes its loop over rows."""
