@@ -212,8 +212,9 @@ class Linear(torch.nn.Module):
             if len(paths) > 0 and self.shared_weights:
                 # the paths into this output as one product: [rows * d, sum of u] @ [sum of u, mul_out]
                 inputs = [parts[i].view(rows, u, d).transpose(1, 2) for i, u, _ in paths]
-                xt = torch.cat(inputs, dim=2).reshape(rows * d, mul_in)
-                y = xt @ torch.cat([blocks[k].view(u, mul_out) for _, u, k in paths], dim=0)
+                xt = (inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=2)).reshape(rows * d, mul_in)
+                w = [blocks[k].view(u, mul_out) for _, u, k in paths]
+                y = xt @ (w[0] if len(w) == 1 else torch.cat(w, dim=0))
                 piece = y if d == 1 else y.view(rows, d, mul_out).transpose(1, 2).reshape(rows, mul_out * d)
             else:
                 for i, u, k in paths:
