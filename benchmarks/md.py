@@ -109,8 +109,8 @@ def run_md(model, crystal, device, dtype, steps: int) -> dict:
     seconds = time.perf_counter() - start
     peak = (torch.cuda.max_memory_allocated(device) - base) / 2**20 if device.type == "cuda" else None
     energies = np.array(energies)
-    return {"steps_per_s": steps / seconds, "drift_ev_per_atom": float(np.abs(energies - energies[0]).max()) / len(atoms),
-            "peak_mb": peak}
+    drift = float(np.abs(energies - energies[0]).max()) / len(atoms)
+    return {"steps_per_s": steps / seconds, "drift_ev_per_atom": drift, "peak_mb": peak}
 
 
 def main(argv=None):

@@ -10,9 +10,9 @@ plain loop; MACE's torch-sim model builds the same batch) take the wrapper in pl
 Buckets: atoms and edges are padded up to a bucket's sizes with a padding system that contributes nothing to the
 real ones: one extra graph holds every padding atom (zero node attributes, at the origin, in a cubic cell larger
 than the cutoff) and every padding edge (from a padding atom to its own image one cell away, so beyond the
-cutoff; spread over the padding atoms); its energy, forces and stress are dropped. A call that fits an existing bucket replays its graph; a
-system that outgrows every bucket is captured again, in a new bucket sized with headroom (see
-:class:`CapturedModel`). Graphs share one memory pool.
+cutoff; spread over the padding atoms); its energy, forces and stress are dropped. A call that fits an existing
+bucket replays its graph; a system that outgrows every bucket is captured again, in a new bucket sized with
+headroom (see :class:`CapturedModel`). Graphs share one memory pool.
 
 Calls that a graph cannot replay run the model eagerly: tensors on the CPU (unless ``cpu="padded"``, which runs
 the padded buckets eagerly, to test them), ``training=True`` (a training step keeps its autograd graph past
@@ -227,7 +227,8 @@ class CapturedModel(torch.nn.Module):
                               **options)
         for key in ("ptr", "edge_index", "cell"):
             if not isinstance(data.get(key), torch.Tensor):
-                raise ValueError(f"data must hold the tensor {key!r} (MACE's batch), got {type(data.get(key)).__name__}")
+                raise ValueError(f"data must hold the tensor {key!r} (MACE's batch), got "
+                                 f"{type(data.get(key)).__name__}")
         atoms, edges, systems = positions.shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
         bucket = self._bucket(data, atoms, edges, systems, tuple(options.values()))
         bucket.fill(data, atoms, edges)
