@@ -19,8 +19,16 @@ def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.floa
 
     Raises:
         ValueError: invalid ``l`` values (negative, non-integer, ``l_output`` outside ``|l1-l2|..l1+l2``) or
-            unknown ``basis`` (``"real"``, ``"complex"`` or ``"e3nn"``).
+            unknown ``basis`` (``"real"``, ``"complex"`` or ``"e3nn"``); a ``device`` that torch does not know,
+            or a CUDA device where torch sees none.
     """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device: {error}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}, but torch {torch.__version__} sees no CUDA device "
+                         f"({'a GPU build' if torch.backends.cuda.is_built() else 'a build without CUDA'})")
     m1, m2, mu, C = cg.transformation_rule(l1, l2, l_output, basis=basis)
     indices = tuple(torch.as_tensor(a, dtype=torch.int64, device=device) for a in (m1, m2, mu))
     return indices + (torch.as_tensor(C, dtype=dtype, device=device),)

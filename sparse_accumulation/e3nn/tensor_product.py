@@ -607,7 +607,7 @@ class TensorProduct(torch.nn.Module):
             weight = weight.to(x.dtype)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
             if self._per_edge_on(x.device):  # the per-edge product takes the weights as the caller gave them
-                return self._per_edge(x, y, given, indices_1, indices_2, indices_out, size_out)
+                return self._per_edge(x, y, given, indices_1, indices_2, indices_out, size_out, reduction)
             return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
         lead = self._leading_shape(x, y, weight)
         plan, C = self._plan_for(x.device)
@@ -685,12 +685,12 @@ class TensorProduct(torch.nn.Module):
             return False
         return backends.resolved(self.implementation, device) == "numba"
 
-    def _per_edge(self, x, y, weight, indices_1, indices_2, indices_out, size_out) -> torch.Tensor:
-        """Message passing as the product of the gathered rows, then their sum by ``indices_out``: indices
-        checked as the fused path checks them (by name), the per-edge messages made."""
+    def _per_edge(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction) -> torch.Tensor:
+        """Message passing as the product of the gathered rows, then their sum by ``indices_out``: indices (and
+        ``reduction``) checked as the fused path checks them (by name), the per-edge messages made."""
         from ..ops.graph.api import message_indices
 
-        x_rows, y_rows, out_rows = message_indices(x, y, indices_1, indices_2, indices_out, size_out)
+        x_rows, y_rows, out_rows = message_indices(x, y, indices_1, indices_2, indices_out, size_out, reduction)
         # the kernels' part only: the caller adds the factored instructions' messages
         messages = self._eager(x if x_rows is None else x[x_rows], y if y_rows is None else y[y_rows], weight, None,
                                None, None, None, None)
@@ -714,7 +714,7 @@ class TensorProduct(torch.nn.Module):
                 raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
         return accumulate_graph(crule, x, y, self.coefficients_channels.to(x.dtype), W, indices_1=indices_1,
                                 indices_2=indices_2, indices_out=indices_out, size_out=size_out,
-                                implementation=self.implementation, reduction=reduction)
+                                implementation=self.implementation, reduction=reduction, names=("x", "y", "weight"))
 
     # ----------------------------------------------------------------------------------------------------
     # the scripted path: TorchScript compiles these methods (and only these), which call the registered ops

@@ -131,3 +131,12 @@ def test_unknown_implementation(good):
 def test_unavailable_implementation_raises(good):
     with pytest.raises(RuntimeError, match="'triton' is not available for cpu"):
         _call(good, implementation="triton")
+
+
+def test_a_rule_on_a_device_torch_does_not_have_is_refused_by_name():
+    with pytest.raises(ValueError, match="device: .*device type at start of device string: gpu"):
+        sa.get_cg_transformation_rule(1, 1, 1, device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda', but torch .* sees no CUDA device"):
+            sa.get_cg_transformation_rule(1, 1, 1, device="cuda")
+    assert sa.get_cg_transformation_rule(1, 1, 1, device=torch.device("cpu"))[0].device.type == "cpu"

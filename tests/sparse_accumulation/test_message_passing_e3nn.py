@@ -143,6 +143,10 @@ def test_bad_keywords_raise_clear_errors(generator, schedule):
         ours(x, Y, W, indices_1=src, size_out=5)
     with pytest.raises(ValueError, match="indices_out has 6 entries but indices_1 has 7"):
         ours(x, Y, W, indices_1=src, indices_out=dst[:6], size_out=5)
+    with pytest.raises(ValueError, match="y has 6 rows but there are 7 edges"):  # the layer's names
+        ours(x, Y[:6], W, indices_1=src, indices_out=dst, size_out=5)
+    with pytest.raises(ValueError, match=r"reduction must be one of \('segment', 'atomic'\), got 'bogus'"):
+        ours(x, Y, W, indices_1=src, indices_out=dst, size_out=5, reduction="bogus")
 
 
 def test_the_schedule_follows_the_channel_count(monkeypatch):

@@ -18,7 +18,7 @@ segments computed on the device in the graph; out-of-range rows are skipped by t
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -29,7 +29,7 @@ from ...kernels import SEGMENT
 from ..dispatch import eager_applies
 from . import eager, registered
 
-__all__ = ["accumulate_graph", "message_indices", "REDUCTIONS"]
+__all__ = ["accumulate_graph", "message_indices", "checked_reduction", "REDUCTIONS"]
 
 REDUCTIONS = registered.REDUCTIONS
 _SLOT_NAMES = ("indices_1", "indices_2", "indices_w", "indices_out")
@@ -60,15 +60,24 @@ def _index(name: str, value, size: int, device, edges: Optional[int]):
     return prepared_index(name, tensor, size)
 
 
-def _check_operand(name: str, t, width: int, like):
+def checked_reduction(reduction: Optional[str]) -> str:
+    """``reduction`` (None: ``"segment"``), or ``ValueError`` for a name not in :data:`REDUCTIONS`."""
+    reduction = SEGMENT if reduction is None else reduction
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    return reduction
+
+
+def _check_operand(name: str, t, width: int, like, like_name: str):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must have a floating dtype (float16, bfloat16, float32 or float64), got {t.dtype}")
     if like is not None and t.dtype != like.dtype:
-        raise TypeError(f"{name} has dtype {t.dtype} but X1 has dtype {like.dtype}; they must match")
+        raise TypeError(f"{name} has dtype {t.dtype} but {like_name} has dtype {like.dtype}; they must match")
     if like is not None and t.device != like.device:
-        raise ValueError(f"{name} is on {t.device} but X1 is on {like.device}; all tensors must be on one device")
+        raise ValueError(f"{name} is on {t.device} but {like_name} is on {like.device}; all tensors must be on one "
+                         "device")
     if t.dim() != 2 or t.shape[1] != width:
         raise ValueError(f"{name} must be [rows, {width}], got shape {tuple(t.shape)}")
 
@@ -102,17 +111,18 @@ def _edge_count(given, operands) -> int:
     return max((t.shape[0] for t in operands if t is not None), default=0)
 
 
-def _graph_arguments(operands, given, size_out) -> tuple:
+def _graph_arguments(operands, given, size_out, names=_OPERAND_NAMES) -> tuple:
     """``(edges, rows, prepared)`` of a message-passing call: the edge count, the row count of every slot (X1,
     X2, W, out), and each given index prepared (an :class:`~sparse_accumulation.indices.Index`, or an int64
-    tensor while compiling); every check that needs no index value, in the caller's argument names."""
+    tensor while compiling); every check that needs no index value, in the caller's argument names (``names``:
+    the operands')."""
     indices_out = given[3]
     if indices_out is not None and size_out is None:
         raise ValueError("size_out is required with indices_out")
     edges = _edge_count(given, operands)
     for s, t in enumerate(operands):
         if t is not None and given[s] is None and t.shape[0] not in (edges, 1):
-            raise ValueError(f"{_OPERAND_NAMES[s]} has {t.shape[0]} rows but there are {edges} edges "
+            raise ValueError(f"{names[s]} has {t.shape[0]} rows but there are {edges} edges "
                              f"(an operand without index has one row per edge, or one row)")
     if indices_out is None:
         if size_out is not None and size_out != edges:
@@ -126,18 +136,20 @@ def _graph_arguments(operands, given, size_out) -> tuple:
     return edges, rows, prepared
 
 
-def message_indices(x, y, indices_1, indices_2, indices_out, size_out) -> tuple:
+def message_indices(x, y, indices_1, indices_2, indices_out, size_out, reduction=None) -> tuple:
     """The checked row indices (int64 tensors, or None where not given) of a message-passing call of two 2-D
-    operands that gathers rows and sums them by ``indices_out`` outside the kernels: the checks and errors of
-    :func:`accumulate_graph`.
+    operands ``x`` and ``y`` that gathers rows and sums them by ``indices_out`` outside the kernels: the checks
+    and errors of :func:`accumulate_graph` (``reduction`` checked too, though such a sum has one way only).
 
     Raises:
         TypeError, ValueError, IndexError: as :func:`accumulate_graph`.
     """
+    checked_reduction(reduction)
     for name, t in (("x", x), ("y", y)):
         if t.dim() != 2:
             raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
-    _, _, prepared = _graph_arguments([x, y, None], (indices_1, indices_2, None, indices_out), size_out)
+    _, _, prepared = _graph_arguments([x, y, None], (indices_1, indices_2, None, indices_out), size_out,
+                                      ("x", "y", "weight"))
     found = [p.tensor if isinstance(p, Index) else p for p in prepared]
     return found[0], found[1], found[3]
 
@@ -152,7 +164,7 @@ def _facts(key: str) -> tuple:
 
 def accumulate_graph(crule, X1, X2, C, W=None, *, indices_1=None, indices_2=None, indices_w=None,
                      indices_out=None, size_out: Optional[int] = None, implementation=None,
-                     reduction: Optional[str] = None) -> torch.Tensor:
+                     reduction: Optional[str] = None, names: Tuple[str, str, str] = _OPERAND_NAMES) -> torch.Tensor:
     """Message passing under a channel rule: ``out[indices_out[e]] += rule(X1[indices_1[e]], X2[indices_2[e]],
     W[indices_w[e]])`` for every edge, fused (nothing per edge is materialised).
 
@@ -171,6 +183,7 @@ def accumulate_graph(crule, X1, X2, C, W=None, *, indices_1=None, indices_2=None
         reduction: ``"segment"`` (default: deterministic) or ``"atomic"`` (CUDA; atomic adds, no sorting): how
             rows that several edges add to are summed, in the output and in the gradients of gathered
             operands.
+        names: what errors call X1, X2 and W (a layer's own argument names).
 
     Returns:
         ``[size_out (or edges), width of the output map]`` tensor of the operands' dtype; differentiable with
@@ -187,18 +200,17 @@ def accumulate_graph(crule, X1, X2, C, W=None, *, indices_1=None, indices_2=None
     if not isinstance(crule, str):
         raise TypeError(f"crule must be a ChannelRule or its key, got {type(crule).__name__}")
     weighted, nnz, widths = _facts(crule)
-    reduction = SEGMENT if reduction is None else reduction
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    reduction = checked_reduction(reduction)
     if weighted != (W is not None):
-        raise ValueError("W is required for a weighted rule" if weighted else "W was given but the rule has no weights")
+        raise ValueError(f"{names[2]} is required for a weighted rule" if weighted else
+                         f"{names[2]} was given but the rule has no weights")
     operands = [X1, X2, W]
-    for s, name in enumerate(_OPERAND_NAMES):
+    for s, name in enumerate(names):
         if operands[s] is not None:
-            _check_operand(name, operands[s], widths[s], X1 if s else None)
+            _check_operand(name, operands[s], widths[s], X1 if s else None, names[0])
     _check_coefficients(C, nnz, X1)
     given = (indices_1, indices_2, indices_w, indices_out)
-    edges, rows, prepared = _graph_arguments(operands, given, size_out)
+    edges, rows, prepared = _graph_arguments(operands, given, size_out, names)
     device = X1.device
     indices = [p.tensor if isinstance(p, Index) else p for p in prepared]
     offsets, orders = [None] * 4, [None] * 4
