@@ -102,6 +102,29 @@ def test_decompositions_match_the_kernels_forward_and_backward(generator, weight
             assert _relative(a, b) <= 1e-12
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decompositions_of_16_bit_operands_compute_in_float32(generator, dtype):
+    """16-bit operands: products and sums in float32, rounded once (as the kernels do), so that every output and
+    gradient is within half a unit in the last place (and float32's rounding) of the float64 result of the same
+    rounded inputs (summed in the 16-bit dtype, some are several units off)."""
+    m1, m2, mu, C = sa.get_cg_transformation_rule(8, 8, 8, dtype=torch.float64)
+    rule = sa.Rule(m1, m2, mu, 17, input_sizes=(17, 17))
+    X1, X2, G = (torch.randn(64, 17, generator=generator, dtype=torch.float64).to(dtype) for _ in range(3))
+    C = C.to(dtype)
+    ops = torch.ops.sparse_accumulation
+    table = decompositions()
+    args = (X1, X2, None, C, rule.key, "numba")
+    exact = (X1.double(), X2.double(), None, C.double(), rule.key, "numba")
+    got = [table[ops.accumulate.default](*args)]
+    expected = [ops.accumulate(*exact)]
+    got += table[ops.accumulate_backward.default](G, *args, True, True, False, True)[:2]
+    expected += ops.accumulate_backward(G.double(), *exact, True, True, False, True)[:2]
+    for a, b in zip(got, expected):
+        assert a.dtype == dtype
+        bound = b.abs() * (torch.finfo(dtype).eps / 2 + 1e-6) + torch.finfo(dtype).tiny
+        assert ((a.double() - b).abs() <= bound).all()
+
+
 def test_export_for_aoti_leaves_no_library_op_and_keeps_dynamic_rows(generator):
     model = PathAndProduct()
     batch = torch.export.Dim("batch", min=2)

@@ -191,6 +191,8 @@ FACTORED = [
     ("FullyConnectedTensorProduct", ("16x0e + 16x1o + 16x2e",) * 3, {}),
     # per-row weights, factored instructions beside expanded ones (4 * 4 * 4 paths)
     ("FullyConnectedTensorProduct", ("12x0e + 4x1o", "10x0e + 4x1e", "8x0e + 4x1o"), {"shared_weights": False}),
+    # an expanded instruction (2 * 2 * 2 paths) before factored ones: their weights lie after its weights
+    ("FullyConnectedTensorProduct", ("2x0e + 16x1o",) * 3, {}),
 ]
 # "uuw" of 16 * 16 paths (two of them from one pair of inputs) beside a "uvu" instruction writing the first output
 # irrep, which the factored part leaves to the kernels; shared and per-row weights

@@ -76,6 +76,22 @@ def test_threaded_path_sums_every_segment_through_its_order(generator, threads, 
         assert_close_to(a, b, 1e-12)
 
 
+def test_threaded_path_computes_every_edge_of_a_per_edge_output(generator, threads, kernel_calls):
+    """Without ``indices_out`` the grid rows are the edges (no segments), cut into equal ranges: every edge's
+    output row, the last one included, equals the float64 reference (a forward under ``no_grad``)."""
+    X1, X2, W, C, rule, indices, _ = _threaded_case(generator, torch.float64, False)
+    per_edge = (indices[0], None, None, None)
+    with torch.no_grad():
+        ours = _call(X1, X2, W, C, rule, per_edge, None, "numba")
+    edges = X2.shape[0]
+    assert _ran_in_tasks(kernel_calls, edges), kernel_calls
+    assert {last for _, last in kernel_calls} >= {edges}  # the range that ends at the last edge ran
+    theirs = reference(X1, X2, W, C, rule, per_edge, None)
+    assert ours.shape == theirs.shape and ours.shape[0] == edges
+    assert_close_to(ours, theirs, 1e-12)
+    assert_close_to(ours[-1:], theirs[-1:], 1e-12)
+
+
 #: relative tolerance (of the largest value) against the float64 reference of the same rounded inputs: a few
 #: roundings of the compute dtype (float32; 16-bit inputs are computed in float32, then rounded once)
 TOLERANCES = {torch.float32: 2e-6, torch.float16: 3e-3}
