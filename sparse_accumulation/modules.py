@@ -5,6 +5,7 @@ import torch
 
 import cg
 
+from .exact import ExactBuffers
 from .ops.accumulate.api import accumulate_rule
 from .ops.scripted import check_like, check_width
 from .descriptors.rules import Rule
@@ -34,7 +35,7 @@ def get_cg_transformation_rule(l1: int, l2: int, l_output: int, dtype=torch.floa
     return indices + (torch.as_tensor(C, dtype=dtype, device=device),)
 
 
-class CGCalculatorSingle(torch.nn.Module):
+class CGCalculatorSingle(ExactBuffers, torch.nn.Module):
     """One CG path ``l1 x l2 -> l_output``: ``forward(X1 [..., 2 l1 + 1], X2 [..., 2 l2 + 1]) -> [..., 2 l_output + 1]``.
 
     The indices are held as a :class:`~sparse_accumulation.Rule` (``rule``, read by no call) and, for
@@ -51,10 +52,11 @@ class CGCalculatorSingle(torch.nn.Module):
     def __init__(self, l1: int, l2: int, l_output: int, dtype=torch.float32, basis: str = "real",
                  implementation=None):
         super().__init__()
-        m1, m2, mu, C = get_cg_transformation_rule(l1, l2, l_output, dtype=dtype, basis=basis)
+        m1, m2, mu, C = get_cg_transformation_rule(l1, l2, l_output, dtype=torch.float64, basis=basis)
         self.l1, self.l2, self.l_output, self.implementation = l1, l2, l_output, implementation
-        for name, tensor in (("m1", m1), ("m2", m2), ("mu", mu), ("C", C)):
+        for name, tensor in (("m1", m1), ("m2", m2), ("mu", mu)):
             self.register_buffer(name, tensor)
+        self.register_exact("C", C, dtype, persistent=True)
         self.rule = Rule(m1, m2, mu, 2 * l_output + 1, input_sizes=(2 * l1 + 1, 2 * l2 + 1))
         self._rule_key = self.rule.key  # what a scripted call passes to the registered op
 

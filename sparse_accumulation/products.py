@@ -50,6 +50,7 @@ import torch
 
 import cg
 
+from .exact import ExactBuffers
 from .ops.accumulate.api import accumulate_rule
 from .ops.scripted import check_like, check_width
 from .descriptors.rules import Rule
@@ -273,7 +274,7 @@ def _complex_rule(m1, m2, mu, C, path):
             np.concatenate([re, re, im, im]), np.concatenate([C, -C, C, C]), np.concatenate([path] * 4))
 
 
-class ClebschGordanProduct(torch.nn.Module):
+class ClebschGordanProduct(ExactBuffers, torch.nn.Module):
     """All CG paths ``(l1, l2) -> L`` between two sets of features in one sparse accumulation.
 
     ``forward(X1, X2) -> [..., channels, dim_out]``: see the module documentation for the layouts (inputs
@@ -387,7 +388,7 @@ class ClebschGordanProduct(torch.nn.Module):
         # the state dict.
         m1, m2, mu, C, path = rule
         self.register_buffer("path_index" + suffix, torch.as_tensor(path, dtype=torch.int64), persistent=False)
-        self.register_buffer("C" + suffix, torch.as_tensor(C, dtype=dtype), persistent=False)
+        self.register_exact("C" + suffix, C, dtype)
         if self.per_row:  # the path of each nonzero indexes the weight operand
             return Rule(m1, m2, mu, sizes[2], input_sizes=sizes[:2], w=path, weight_size=len(self.paths))
         return Rule(m1, m2, mu, sizes[2], input_sizes=sizes[:2])

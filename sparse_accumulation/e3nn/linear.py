@@ -13,6 +13,7 @@ from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ..exact import ExactBuffers
 from .tensor_product import InvalidArgumentError, IrrepIndexError, WeightsMissingError, _o3
 
 __all__ = ["Linear"]
@@ -27,7 +28,7 @@ class LinearInstruction(NamedTuple):
     path_weight: float
 
 
-class Linear(torch.nn.Module):
+class Linear(ExactBuffers, torch.nn.Module):
     r"""e3nn's ``o3.Linear``: ``out[i_out] = sum over instructions (i_in, i_out) of path_weight * x[i_in] @ w``
     per irrep, plus biases on scalar outputs (e3nn 0.6.0's constructor, instructions, path weights, ``weight``
     and ``bias`` layouts, state dict and initialisation).
@@ -50,7 +51,7 @@ class Linear(torch.nn.Module):
     """
 
     # what TorchScript reads (typed here: an empty list would not be), and what it does not
-    __jit_ignored_attributes__ = ["_path_weights"]
+    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_path_weights"]
     _plans: List[List[int]]
     _in_sizes: List[int]
     _weight_sizes: List[int]
@@ -230,13 +231,6 @@ class Linear(torch.nn.Module):
         result = torch.cat(out, dim=-1) if len(out) != 1 else out[0]
         return result.reshape(lead + [self._dim_out])
 
-    def _apply(self, fn, *args, **kwargs):
-        module = super()._apply(fn, *args, **kwargs)
-        # the path weights keep their exact float64 values wherever the module goes, whatever dtype it takes
-        exact = self._path_weights[torch.device("cpu"), torch.float64]
-        self.path_weight_values = exact.to(self.path_weight_values.device)
-        return module
-
     @torch.jit.unused
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
         """Each weight entry's path weight on ``weight``'s device, in its dtype (made once per pair; not kept when
@@ -264,8 +258,8 @@ class Linear(torch.nn.Module):
             [torch.full((n,), ins.path_weight, dtype=torch.float64) for n, ins in zip(self._weight_sizes, weighted)]
             or [torch.zeros(0, dtype=torch.float64)])
         # the same values as a buffer that moves with the module (not saved: e3nn's state dict has none)
-        self.register_buffer("path_weight_values", self._path_weights[torch.device("cpu"), torch.float64].clone(),
-                             persistent=False)
+        self.register_exact("path_weight_values", self._path_weights[torch.device("cpu"), torch.float64],
+                            torch.float64)
         bias_offsets, offset = {}, 0
         for ins in self.instructions:
             if ins.i_in == -1:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from .. import backends
+from ..exact import ExactBuffers
 from ..ops.accumulate.api import accumulate_rule
 from ..ops.scripted import broadcast_shapes, check_index, check_like, check_width
 from .factored import CHUNK_BYTES, factored_instructions, factored_product, specs
@@ -229,7 +230,7 @@ def _normalized(instructions, irreps_in1, irreps_in2, irreps_out, in1_var, in2_v
 # the module
 
 
-class TensorProduct(torch.nn.Module):
+class TensorProduct(ExactBuffers, torch.nn.Module):
     r"""e3nn's ``o3.TensorProduct`` (every instruction mode), as ONE sparse accumulation.
 
     Same constructor and call as e3nn's; same outputs and gradients (for ``x``, ``y`` and the weights).
@@ -385,7 +386,7 @@ class TensorProduct(torch.nn.Module):
         self._factored_specs = rows
         #: bytes the factored instructions' intermediates may take before rows go in chunks (:mod:`.factored`)
         self._factored_chunk_bytes = CHUNK_BYTES
-        self.register_buffer("_factored_coefficients", torch.as_tensor(coefficients, dtype=dtype), persistent=False)
+        self.register_exact("_factored_coefficients", coefficients, dtype)
         divisor = divisor_of_multiplicities(self.irreps_in1, self.irreps_in2, self.irreps_out, self.instructions,
                                             factored)
         if channels is not None:
@@ -400,7 +401,7 @@ class TensorProduct(torch.nn.Module):
         self._row_plan = (make_plan(*args, 1, factored) if channels is None and self.channels > 1
                           else self._channel_plan)
         for name, plan in (("coefficients_channels", self._channel_plan), ("coefficients_rows", self._row_plan)):
-            self.register_buffer(name, torch.as_tensor(plan.coefficients, dtype=dtype), persistent=False)
+            self.register_exact(name, plan.coefficients, dtype)
         self._graph_rule = channel_rule(self._channel_plan, self.irreps_in2.dim)
         self._make_script_state()
 

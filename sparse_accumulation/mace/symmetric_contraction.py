@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from .. import backends
+from ..exact import ExactBuffers
 from ..descriptors.channel_rules import ColumnMap
 from ..descriptors.programs import LANE, Program, Slot, element_slot, lane_slot
 from ..e3nn.tensor_product import IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS
@@ -116,7 +117,7 @@ class _Weights(torch.nn.Module):
         return found
 
 
-class SymmetricContraction(torch.nn.Module):
+class SymmetricContraction(ExactBuffers, torch.nn.Module):
     """MACE's symmetric contraction (product basis), computed as sparse polynomials of the node features.
 
     A drop-in for ``mace.modules.symmetric_contraction.SymmetricContraction``: the same constructor, call and
@@ -206,7 +207,7 @@ class SymmetricContraction(torch.nn.Module):
         self.blocks = blocks
         self.program, self.node_program, B = _programs(self.channels, self.dim_in,
                                                        [term.ir for term in self.irreps_out], self.blocks)
-        self.register_buffer("couplings", torch.as_tensor(B, dtype=dtype, device=device), persistent=False)
+        self.register_exact("couplings", B, dtype, device)
         # what a scripted call passes to the registered op (TorchScript cannot type the programs)
         self._program_key, self._node_program_key = self.program.key, self.node_program.key
 
