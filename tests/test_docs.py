@@ -217,6 +217,15 @@ def test_readme_set_up_is_two_commands_after_the_cpu_torch_note():
         "sparse-accumulation bench --quick"
 
 
+def test_each_page_gives_one_install_recipe_and_the_quickstart_the_readmes():
+    """The quickstart installs as the README does (the CPU build of torch first, then the ``test`` extra); the
+    MACE page gives its install once."""
+    quickstart = (DOCS / "quickstart.rst").read_text(encoding="utf-8")
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in quickstart
+    assert 'pip install -e ".[test]"' in quickstart
+    assert (DOCS / "mace.rst").read_text(encoding="utf-8").count("pip install --no-deps mace-torch") == 1
+
+
 def test_sub_commands_listed_in_the_docs_are_the_commands_of_the_cli():
     from sparse_accumulation.cli import _build_parser
 
