@@ -200,6 +200,7 @@ def _print_header(results, timings, repeats: int, warmup: int, out) -> None:
           "torch.compile(mode='reduce-overhead'); host: host time per call, not synchronised", file=out)
     bandwidth = {r["device"]: r["copy_GBps"] for r in results}
     print("# vs index_add = index_add time / time and GB/s = floor bytes / time, both for the first timing; "
+          "range = the speed-up between the 20% and 80% quantiles of the repeats; "
           "floor ms = (inputs read once + outputs written once) / copy bandwidth ("
           + ", ".join(f"{device} {gbps:.1f} GB/s" for device, gbps in bandwidth.items()) + ")", file=out)
     for timing in timings:

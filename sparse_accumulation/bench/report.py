@@ -55,19 +55,22 @@ def format_table(results: Sequence[dict]) -> str:
     """The results as an aligned text table, one line per (case, implementation, mode).
 
     Columns: the case, the implementation and mode, one column per timing (ms; ``host`` in us; ``FAILED``
-    when the timing failed, the reason in the status column), the speed-up against ``index_add`` and the
-    bandwidth (floor bytes / time) of the first timing, the floor time (floor bytes / copy bandwidth), the
+    when the timing failed, the reason in the status column), the speed-up against ``index_add`` of the first
+    timing with its range over the repeats (the reference's 20% quantile over ours' 80% one, and the reverse),
+    the bandwidth (floor bytes / time) of the first timing, the floor time (floor bytes / copy bandwidth), the
     max relative error of the check and the status.
     """
     timings = _shown_timings(results)
     head = ["rule", "rows", "dtype", "device", "implementation", "mode"]
-    head += [f"{t} {unit(t)}" for t in timings] + [f"vs {BASELINE}", "GB/s", "floor ms", "max rel err", "status"]
+    head += [f"{t} {unit(t)}" for t in timings] + [f"vs {BASELINE}", "range", "GB/s", "floor ms", "max rel err",
+                                                   "status"]
     lines = []
     for r in results:
         lines.append([r["rule"], "x".join(map(str, r["rows"])), r["dtype"], r["device"], r["implementation"],
                       mode_label(r["mode"])]
                      + [_format_timing(r["timings"].get(t)) for t in timings]
                      + ["-" if r["speedup"] is None else f"{r['speedup']:.2f}x",
+                        "-" if r.get("speedup_range") is None else "{:.3g}-{:.3g}x".format(*r["speedup_range"]),
                         "-" if r["GBps"] is None else f"{r['GBps']:.2f}", _format_ms(r["floor_ms"]),
                         "-" if r["error"] is None else f"{r['error']:.1e}", _status(r)])
     widths = [max(len(row[i]) for row in [head] + lines) for i in range(len(head) - 1)]

@@ -103,12 +103,25 @@ def _add_speedups(results: list) -> None:
     baseline = {key(r): r for r in results if r["implementation"] == BASELINE and r["status"] == "ok"}
     for r in results:
         base = baseline.get(key(r))
-        r["speedup"] = None
+        r["speedup"], r["speedup_range"] = None, None
         if base is None or r["primary"] is None or r["implementation"] == FLOOR:
             continue
         reference_timing = base["timings"].get(r["primary"], {})
         if reference_timing.get("status") == "ok":
-            r["speedup"] = reference_timing["median"] / r["timings"][r["primary"]]["median"]
+            ours = r["timings"][r["primary"]]
+            r["speedup"] = reference_timing["median"] / ours["median"]
+            r["speedup_range"] = _ratio_range(reference_timing["samples"], ours["samples"])
+
+
+def _quantile(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _ratio_range(reference: Sequence[float], ours: Sequence[float]) -> list:
+    """``[low, high]`` of the speed-up over the repeats: the reference's 20% quantile over ours' 80% one, and
+    the reverse (the spread of both timings shows in it)."""
+    return [_quantile(reference, 0.2) / _quantile(ours, 0.8), _quantile(reference, 0.8) / _quantile(ours, 0.2)]
 
 
 def _new_record(case: Case, name: str, mode: str, nnz: int, grad_c: bool, bandwidth: float) -> dict:
@@ -117,7 +130,7 @@ def _new_record(case: Case, name: str, mode: str, nnz: int, grad_c: bool, bandwi
             "dtype": str(case.dtype).replace("torch.", ""), "device": case.device, "implementation": name,
             "mode": mode, "status": "ok", "note": "", "error": None, "timings": {}, "primary": None,
             "median_ms": None, "times_ms": [], "floor_bytes": floor, "copy_GBps": bandwidth / 1e9,
-            "floor_ms": floor / bandwidth * 1e3, "GBps": None, "speedup": None}
+            "floor_ms": floor / bandwidth * 1e3, "GBps": None, "speedup": None, "speedup_range": None}
 
 
 def _run_one(case, name, mode, state, timings, repeats, warmup, grad_c, check_rows, max_seconds, bandwidth):

@@ -81,6 +81,7 @@ def test_bench_quick_writes_table_json_and_charts(tmp_path, capsys):
     assert {"kernel ms", "call ms", "host us"} <= set(rows[0]) and "compiled ms" not in rows[0]
     assert all(r["status"].startswith("ok") for r in rows)
     assert all(r["vs index_add"] == "1.00x" for r in rows if r["implementation"] == "index_add")
+    assert all((r["range"] == "-") == (r["vs index_add"] == "-") for r in rows)
     assert all(r["vs index_add"] == "-" and r["max rel err"] == "-" for r in rows
                if r["implementation"] == "elementwise")
     assert "all results checked" in captured.out
@@ -95,6 +96,8 @@ def test_bench_quick_writes_table_json_and_charts(tmp_path, capsys):
         assert all(t["status"] == "ok" and t["median"] > 0 for t in r["timings"].values())
         assert r["primary"] == "kernel" and r["median_ms"] == r["timings"]["kernel"]["median"]
         assert r["floor_ms"] == pytest.approx(r["floor_bytes"] / (r["copy_GBps"] * 1e9) * 1e3)
+        if r["speedup"] is not None:  # its range over the repeats holds the median speed-up
+            assert r["speedup_range"][0] <= r["speedup"] <= r["speedup_range"][1]
         if r["implementation"] != "elementwise":
             assert r["error"] < 1e-4
             assert r["GBps"] == pytest.approx(r["floor_bytes"] / r["median_ms"] / 1e6)
