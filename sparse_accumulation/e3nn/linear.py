@@ -239,7 +239,7 @@ class Linear(ExactBuffers, torch.nn.Module):
         key = (weight.device, weight.dtype)
         found = self._path_weights.get(key)
         if found is None:
-            found = self._path_weights[torch.device("cpu"), torch.float64].to(weight.device, weight.dtype)
+            found = self._exact_values["path_weight_values"].to(weight.device, weight.dtype)
             if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
                 self._path_weights[key] = found
         return found
@@ -253,13 +253,12 @@ class Linear(ExactBuffers, torch.nn.Module):
         self._in_sizes = [mul_ir.dim for mul_ir in self.irreps_in]
         weighted = [ins for ins in self.instructions if ins.i_in != -1]
         self._weight_sizes = [math.prod(ins.path_shape) for ins in weighted]
-        self._path_weights = {}
-        self._path_weights[torch.device("cpu"), torch.float64] = torch.cat(
+        # a buffer that moves with the module (not saved: e3nn's state dict has none), and per device and dtype
+        # the copies eager calls use (_path_weights_like)
+        self.register_exact("path_weight_values", torch.cat(
             [torch.full((n,), ins.path_weight, dtype=torch.float64) for n, ins in zip(self._weight_sizes, weighted)]
-            or [torch.zeros(0, dtype=torch.float64)])
-        # the same values as a buffer that moves with the module (not saved: e3nn's state dict has none)
-        self.register_exact("path_weight_values", self._path_weights[torch.device("cpu"), torch.float64],
-                            torch.float64)
+            or [torch.zeros(0, dtype=torch.float64)]), torch.float64)
+        self._path_weights = {}
         bias_offsets, offset = {}, 0
         for ins in self.instructions:
             if ins.i_in == -1:

@@ -77,6 +77,15 @@ def test_outputs_and_gradients_to_second_order_equal_e3nns(generator, irreps_in,
         assert torch.allclose(got, expected, rtol=0, atol=1e-12 * max(scale, 1.0))
 
 
+@pytest.mark.parametrize("kind", ["one-hot", "integer", "scaled", "soft"])
+def test_scripted_calls_equal_e3nns(generator, kind):
+    """``torch.jit.script`` (MACE's ``jit.compile`` of a converted model): e3nn's sum over every element."""
+    tp, ours = _made(generator, *CASES[1][:2], CASES[1][2])
+    y, y_e3nn = _attributes(generator, kind, 40, CASES[1][2])
+    x = torch.randn(40, tp.irreps_in1.dim, generator=generator, dtype=torch.float64)
+    torch.testing.assert_close(torch.jit.script(ours)(x, y), tp(x, y_e3nn), rtol=1e-12, atol=1e-12)
+
+
 def test_the_weight_is_e3nns_parameter_and_the_state_dict_e3nns(generator):
     tp, ours = _made(generator, "4x0e + 2x1o", "3x0e + 2x1o", 3)
     assert ours.weight is tp.weight
