@@ -207,6 +207,11 @@ class CapturedModel(torch.nn.Module):
         self.reset()  # the graphs read the parameters where they were
         return super()._apply(fn, *args, **kwargs)
 
+    def __getstate__(self):
+        state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
+        state.update(_buckets=OrderedDict(), _pool=None)  # graphs are not saved (nor copied): made again on use
+        return state
+
     @property
     def buckets(self) -> list:
         """``(atoms, edges, systems)`` of every bucket kept, least recently used first."""

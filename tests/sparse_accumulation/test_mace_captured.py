@@ -130,6 +130,16 @@ def test_moving_the_model_forgets_its_buckets(generator):
                           model.float()(_on(data, "cpu", torch.float32), compute_stress=True), 1e-5)
 
 
+def test_saved_and_copied_without_its_buckets(generator, tmp_path):
+    model, ours = _models(generator, cpu="padded")
+    data = batch(structures(generator), model)
+    ours(dict(data))
+    torch.save(ours, tmp_path / "captured.pt")
+    for other in (torch.load(tmp_path / "captured.pt", weights_only=False), copy.deepcopy(ours)):
+        assert other.buckets == [] and len(ours.buckets) == 1
+        _assert_equal_outputs(other(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
+
+
 @pytest.mark.parametrize("options, message", [
     (dict(atom_multiple=0), "atom_multiple must be a positive int"),
     (dict(edge_multiple=2.5), "edge_multiple must be a positive int"),
