@@ -21,19 +21,23 @@ setup(
         "sympy>=1.12",
         "torch>=2.6",  # torch.library.triton_op and wrap_triton
         "numba>=0.59",
-        "triton>=3.0; platform_system == 'Linux'",
         # progress bars of the command lines; small, pure Python, no dependencies of its own
         "tqdm>=4.60",
     ],
     extras_require={
         "plot": ["matplotlib>=3.7"],  # the charts of `sparse-accumulation bench --output DIR`
+        # the GPU kernels (torch's CUDA wheels for Linux bring triton already; a CPU-only install needs none of it)
+        "gpu": ["triton>=3.0; platform_system == 'Linux'"],
         # pytest-xdist: the suites run on two processes (pyproject's addopts)
+        # triton: the GPU kernels' tests run in its interpreter on the CPU (TRITON_INTERPRET=1)
         "test": ["pytest>=7", "pytest-xdist>=3", "hypothesis>=6", "e3nn>=0.5", "sphinx>=7", "matplotlib>=3.7",
+                 "triton>=3.0; platform_system == 'Linux'",
                  "hippynn>=0.1.3", "opt_einsum_fx>=0.1.4"],
-        # what mace-torch's models, data pipeline and ASE calculator import; mace-torch itself goes in with
-        # `pip install --no-deps mace-torch` (it pins e3nn 0.4.4; its training command-line tools are not needed)
+        # what mace-torch's models, data pipeline, ASE calculator and training command (run_train) import;
+        # mace-torch itself goes in with `pip install --no-deps mace-torch` (it pins e3nn 0.4.4)
         "mace": ["e3nn>=0.5", "opt_einsum_fx>=0.1.4", "ase>=3.23", "torch-ema>=0.3", "torchmetrics>=1.0",
-                 "pandas>=2.0", "matscipy>=1.0", "h5py>=3.8", "lmdb>=1.4", "orjson>=3.8"],
+                 "pandas>=2.0", "matscipy>=1.0", "h5py>=3.8", "lmdb>=1.4", "orjson>=3.8", "prettytable>=3",
+                 "configargparse>=1.5", "GitPython>=3", "python-hostlist>=1.21", "PyYAML>=6"],
     },
     entry_points={"console_scripts": ["sparse-accumulation = sparse_accumulation.cli:main"]},
 )

@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import sparse_accumulation as sa  # noqa: E402
 from sparse_accumulation.bench import timing  # noqa: E402
-from sparse_accumulation.kernels import buffers  # noqa: E402
+from sparse_accumulation.kernels.numba import buffers  # noqa: E402
 
 SIZES = ("medium", "large", "mega")
 CASES = ("envsum", "sensesum", "featsum", "envsum fwd+bwd", "double backward")

@@ -116,7 +116,9 @@ def _resolve_name(name: str, device_type: str) -> str:
     if not is_available(name, device):
         raise RuntimeError(f"implementation {name!r} is not available for {device.type} tensors"
                            + (" (numba runs on CPU tensors only)" if name == "numba" else "")
-                           + (" (triton needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors)"
+                           + (" (triton is not installed: pip install triton, or this package's [gpu] extra)"
+                              if name == "triton" and not _importable("triton") else
+                              " (triton needs CUDA tensors, or TRITON_INTERPRET=1 for CPU tensors)"
                               if name == "triton" else ""))
     return name
 

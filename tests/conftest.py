@@ -42,6 +42,45 @@ def pytest_runtest_makereport(item, call):
         report.sections.append(("random seed", f"torch.Generator().manual_seed({seed})"))
 
 
+#: what uninitialised memory holds in the tests that use :func:`sentinel_outputs`: NaN in floating tensors, this
+#: in integer ones (a row index no test uses)
+INTEGER_SENTINEL = -987654321
+
+
+def _filled(tensor):
+    if tensor.is_floating_point() or tensor.is_complex():
+        return tensor.fill_(float("nan"))
+    if tensor.dtype != torch.bool and tensor.dtype.itemsize >= 4:
+        return tensor.fill_(INTEGER_SENTINEL)
+    return tensor
+
+
+@pytest.fixture
+def sentinel_outputs(monkeypatch):
+    """Every ``torch.empty``, ``torch.empty_like`` and ``Tensor.new_empty`` made from Python during the test, and
+    every CPU output buffer of the numba kernels (:mod:`sparse_accumulation.kernels.numba.buffers`, none reused), comes
+    filled with a sentinel (NaN, or :data:`INTEGER_SENTINEL`) instead of whatever memory held: a kernel that
+    leaves part of an output unwritten fails the test every time, not only where the memory held garbage.
+    (Arrays a compiled numba function makes itself are not reached: they are its scratch space.)"""
+    import numpy as np
+
+    from sparse_accumulation.kernels.numba import buffers
+
+    empty, empty_like, new_empty, buffer = torch.empty, torch.empty_like, torch.Tensor.new_empty, buffers.empty
+
+    def filled_buffer(shape, dtype):
+        array = buffer(shape, dtype)
+        array.fill(np.nan)  # (the kernels' buffers are floating point)
+        return array
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: _filled(empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: _filled(empty_like(*a, **k)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: _filled(new_empty(self, *a, **k)))
+    monkeypatch.setattr(buffers, "empty", filled_buffer)
+    buffers.release()
+    monkeypatch.setattr(buffers, "MAX_BYTES", 0)  # no output reuses an earlier one's memory
+
+
 # On a machine with a spare core, a whole-suite run compiles the CPU kernels in a child process
 # (`sparse-accumulation warmup`, started by one of pytest-xdist's workers) while the first tests run: the tests
 # then load most kernels from numba's disk cache instead of compiling each one when it is first called. Set

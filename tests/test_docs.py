@@ -251,3 +251,31 @@ def test_readme_example_runs_as_written():
     assert blocks, "README.md has no python example"
     for number, block in enumerate(blocks, start=1):
         exec(compile(block, f"README.md (python block {number})", "exec"), {"__name__": "readme"})  # noqa: S102
+
+
+def test_the_package_map_names_files_that_exist():
+    """Every file and folder the map of docs/package.rst names (in its first column, under the folder the
+    indentation puts it in, and in the descriptions) exists in the package: a module that moves fails this."""
+    text = (DOCS / "package.rst").read_text(encoding="utf-8")
+    block = text.split("   sparse_accumulation/\n", 1)[1].split("\n\n", 1)[0]
+    package = ROOT / "sparse_accumulation"
+    everything = {p.relative_to(package).as_posix() for p in package.rglob("*") if "__pycache__" not in p.parts}
+    folders, named = {}, 0
+    for line in block.splitlines():
+        indent = len(line) - len(line.lstrip())
+        # a line indented as far as the descriptions continues the description above it
+        first, _, description = ("", "", line) if indent > 12 else line.strip().partition("  ")
+        parent = next((folders[i] for i in sorted(folders, reverse=True) if i < indent), "")
+        for name in re.split(r"[ ,]+", first.strip()):
+            if not name or "<" in name or not re.fullmatch(r"[\w/.]+", name):
+                continue
+            path = (parent + name).rstrip("/")
+            assert path in everything, f"{name!r} (as {path}) is on the map of docs/package.rst but not in the package"
+            named += 1
+            if name.endswith("/") and " " not in first.strip():
+                folders = {i: f for i, f in folders.items() if i < indent}
+                folders[indent] = parent + name
+        for mentioned in re.findall(r"\b[\w/]+\.py\b", description):
+            assert any(p == mentioned or p.endswith("/" + mentioned) for p in everything), \
+                f"{mentioned} is named on the map of docs/package.rst but not in the package"
+    assert named > 30

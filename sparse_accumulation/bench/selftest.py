@@ -50,10 +50,12 @@ def _kernel_reason(name: str, device: torch.device) -> tuple:
     if not expected_here:
         needs = {"numba": "a CPU device", "triton": "a CUDA device (or TRITON_INTERPRET=1 on CPU)"}[name]
         return "skipped", f"needs {needs}"
-    try:
-        importlib.import_module(backends._KERNEL_MODULES[name])
-    except Exception as error:  # noqa: BLE001 - the point is to report it
-        return "FAILED", f"cannot import the {name} kernels: {type(error).__name__}: {error}"
+    # the package itself first: the Triton kernel modules import without triton (they report it unavailable)
+    for module in (name,) + tuple(f"sparse_accumulation.kernels.{name}.{op}" for op in backends.OPERATIONS):
+        try:
+            importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - the point is to report it
+            return "FAILED", f"cannot import the {name} kernels ({module}): {type(error).__name__}: {error}"
     return "FAILED", f"{name} reports itself unavailable on {device.type}"
 
 

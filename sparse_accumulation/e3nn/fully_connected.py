@@ -45,7 +45,7 @@ class FullyConnectedNet(torch.nn.Module):
         ImportError: e3nn is not installed.
     """
 
-    __jit_ignored_attributes__ = ["_steps"]  # the eager forward's constants and activations
+    __jit_ignored_attributes__ = ["_steps", "_layer_type"]  # the eager forward's constants and activations
     __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile (MACE's scripting) scripts it, as e3nn's own
 
     def __init__(self, hs: Sequence[int], act: Optional[Callable] = None, variance_in: float = 1,
@@ -76,6 +76,7 @@ class FullyConnectedNet(torch.nn.Module):
         from e3nn.nn._fc import _Layer
 
         self.hs: List[int] = list(net.hs)
+        self._layer_type = _Layer
         self._steps = []  # (scale of the layer's weight, activation or None), the constants carried forward
         carry = 1.0
         for name, layer in net.named_children():
@@ -95,13 +96,19 @@ class FullyConnectedNet(torch.nn.Module):
         return f"{self.__class__.__name__}{self.hs}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., hs[0]]`` -> ``[..., hs[-1]]``, e3nn's function (under ``torch.jit.script``, e3nn's layers
-        compute it, as e3nn's network does)."""
+        """``x [..., hs[0]]`` -> ``[..., hs[-1]]``, e3nn's function. Under ``torch.jit.script``, and where a
+        layer is no longer e3nn's own (wrapped by MACE's LoRA adapters, say), the layers compute it one after the
+        other, as e3nn's network does."""
         if torch.jit.is_scripting():
             for layer in self.children():
                 x = layer(x)
             return x
-        for layer, (scale, act) in zip(self.children(), self._steps):
+        layers = list(self.children())
+        if any(type(layer) is not self._layer_type for layer in layers):
+            for layer in layers:
+                x = layer(x)
+            return x
+        for layer, (scale, act) in zip(layers, self._steps):
             x = x @ (layer.weight * scale)
             if act is not None:
                 x = act(x)

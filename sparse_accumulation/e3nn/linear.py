@@ -60,7 +60,8 @@ class Linear(ExactBuffers, torch.nn.Module):
                  internal_weights: Optional[bool] = None, shared_weights: Optional[bool] = None,
                  instructions: Optional[Sequence[Tuple[int, int]]] = None, biases: Union[bool, List[bool]] = False,
                  path_normalization: str = "element", _optimize_einsums: Optional[bool] = None) -> None:
-        super().__init__()
+        # not super(): in .recognised.Linear the next class is e3nn's o3.Linear, whose constructor must not run
+        torch.nn.Module.__init__(self)
         o3 = _o3()
         if f_in is not None or f_out is not None:
             raise NotImplementedError("Linear does not take f_in / f_out (e3nn's extra feature dimension); use "
@@ -175,7 +176,9 @@ class Linear(ExactBuffers, torch.nn.Module):
 
         Raises:
             WeightsMissingError: no ``weight`` / ``bias`` where the module holds none.
-            InvalidArgumentError: ``features``' last dimension is not ``irreps_in.dim``, a weight of another size.
+            TypeError: ``features`` of another dtype than the weights.
+            InvalidArgumentError: ``features``' last dimension is not ``irreps_in.dim`` (a layer without weighted
+                paths reads no input and takes any width, as e3nn's does), a weight of another size.
         """
         if weight is None:
             if self.weight_numel > 0 and not self.internal_weights:
@@ -185,7 +188,11 @@ class Linear(ExactBuffers, torch.nn.Module):
             if self.bias_numel > 0 and not self.internal_weights:
                 raise WeightsMissingError("Biases must be provided when internal_weights = False")
             bias = self.bias
-        if features.dim() < 1 or features.shape[-1] != self._dim_in:
+        if features.dtype != weight.dtype and self.weight_numel > 0:  # as e3nn's, which cannot mix them either
+            raise TypeError(f"features have dtype {features.dtype} but the weights are {weight.dtype}: convert the "
+                            f"module (.to({features.dtype})) or the data")
+        # a layer without paths reads no input: e3nn takes any width then (MACE's dipole readouts rely on it)
+        if features.dim() < 1 or (self.weight_numel > 0 and features.shape[-1] != self._dim_in):
             raise InvalidArgumentError(f"features: last dimension of shape {list(features.shape)} is not "
                                        f"irreps_in.dim = {self._dim_in}")
         if self.weight_numel > 0 and (weight.dim() < 1 or weight.shape[-1] != self.weight_numel):
@@ -195,10 +202,11 @@ class Linear(ExactBuffers, torch.nn.Module):
         rows = 1
         for n in lead:
             rows *= n
-        x = features.reshape(rows, self._dim_in)  # (not -1: ambiguous for empty irreps_in)
-        parts = torch.split(x, self._in_sizes, dim=-1)
+        x = features.reshape(rows, features.shape[-1])  # (not -1: ambiguous for empty irreps_in)
+        parts: List[torch.Tensor] = []
         blocks: List[torch.Tensor] = []
         if self.weight_numel > 0:
+            parts = list(torch.split(x, self._in_sizes, dim=-1))
             if torch.jit.is_scripting():
                 path_weights = self.path_weight_values.to(weight.dtype)
             else:

@@ -271,8 +271,8 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
         channels: the channel count ``U`` on CUDA (default: the greatest common divisor of the multiplicities
             the instructions use, 1 when an instruction is in a mode other than "uvu" and "uuu", which run on
             one channel only); giving it makes every device use it (``1``: e3nn's rows, no copies).
-        dtype: dtype of the coefficients and internal weights (default: torch's default dtype). Inputs of
-            another floating dtype use coefficients cast to theirs.
+        dtype: dtype of the coefficients and internal weights (default: torch's default dtype); inputs must
+            have it (``.to(dtype)`` converts the module, its coefficients exactly).
         implementation: the kernels, as for :func:`sparse_accumulation.accumulate_rule` (default: the
             process default).
 
@@ -520,7 +520,8 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
             ``[..., irreps_out.dim]``, or with indices ``[size_out (or edges), irreps_out.dim]``.
 
         Raises:
-            TypeError: non-tensor inputs or weights, dtypes that differ, non-integer indices.
+            TypeError: non-tensor inputs or weights, dtypes that differ (from each other or from the module's),
+                non-integer indices.
             InvalidArgumentError: last dimensions that do not match the irreps, weights of the wrong shape (a
                 ``ValueError`` and an ``AssertionError``, as e3nn's asserts).
             WeightsMissingError: no weights and no internal weights (a ``RuntimeError``, as e3nn's, and a
@@ -638,6 +639,10 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
             if t.device != x.device:
                 raise ValueError(f"{name} is on {t.device} but x is on {x.device}; all tensors must be on one "
                                  "device")
+        if x.dtype != self.coefficients_rows.dtype:  # as e3nn's, which cannot mix dtypes either
+            raise TypeError(f"x has dtype {x.dtype} but this {type(self).__name__} computes in "
+                            f"{self.coefficients_rows.dtype} (its coefficients and weights): convert the module "
+                            f"(.to({x.dtype})) or the data")
         held = self.coefficients_rows.device
         if held != x.device:
             raise ValueError(f"this TensorProduct's tensors are on {held} but x is on {x.device}: move the module "

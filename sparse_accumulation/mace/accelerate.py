@@ -39,7 +39,6 @@ from typing import Optional
 import torch
 
 from ..e3nn.fully_connected import FullyConnectedNet
-from ..e3nn.linear import Linear
 from ..e3nn.tensor_product import TensorProduct
 from ..indices import prepared_index, rememberable
 from .element_linear import ElementLinear
@@ -317,6 +316,8 @@ def _dense_layers(model: torch.nn.Module) -> list:
     """``(parent, name, replacement)`` for each of the model's e3nn ``o3.Linear`` (without e3nn's ``f_in``)
     and ``nn.FullyConnectedNet``."""
     from e3nn import nn, o3
+
+    from ..e3nn.recognised import Linear  # an o3.Linear to MACE's LoRA
 
     found = []
     for parent in model.modules():

@@ -5,6 +5,8 @@ import torch
 import sparse_accumulation as sa
 from accumulation_helpers import assert_close_to, oracle, random_rule
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 REFERENCES = ["loops", "index_add", "dense", "sparse"]
 CPU_IMPLEMENTATIONS = ["numba", "torch"] + REFERENCES
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]

@@ -321,5 +321,8 @@ def test_export_for_aoti_of_contractions_and_pair_sums_with_forces(generator, ma
     program = export_for_aoti(model, (positions,), trace_autograd=True)
     assert _no_library_ops(program)
     other = torch.randn(positions.shape, generator=generator, dtype=torch.float64)
-    for got, expected in zip(program.module()(other), model(other)):
-        assert _relative(got, expected) <= 1e-12
+    (energy, forces), (expected_energy, expected_forces) = program.module()(other), model(other)
+    # the energy is a sum of terms that may cancel: its error is measured against the terms' scale (tanh: 1, and
+    # the pair sums' terms are of order 1 too), not against the sum
+    assert abs(float(energy - expected_energy)) <= 1e-12 * max(1.0, float(expected_energy.abs()))
+    assert _relative(forces, expected_forces) <= 1e-12

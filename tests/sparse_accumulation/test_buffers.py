@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 import sparse_accumulation as sa
-from sparse_accumulation.kernels import buffers
+from sparse_accumulation.kernels.numba import buffers
 from accumulation_helpers import assert_close_to, random_rule
 
 

@@ -228,7 +228,15 @@ def test_check_fails_on_a_broken_numba_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "sparse_accumulation.kernels.numba.accumulate", None)
     assert main(["check", "--device", "cpu", "--implementations", "numba", "-q"]) == 1
     out = capsys.readouterr().out
-    assert "numba" in out and "FAILED" in out and "cannot import the numba kernels" in out
+    assert "FAILED" in out and "cannot import the numba kernels (sparse_accumulation.kernels.numba.accumulate): " \
+        "ModuleNotFoundError" in out
+
+
+def test_check_reports_an_importable_backend_that_calls_itself_unavailable(monkeypatch, capsys):
+    real = backends.is_available
+    monkeypatch.setattr(backends, "is_available", lambda name, device: name != "numba" and real(name, device))
+    assert main(["check", "--device", "cpu", "--implementations", "numba", "-q"]) == 1
+    assert "numba reports itself unavailable on cpu" in capsys.readouterr().out
 
 
 def test_tables_writes_a_loadable_table(tmp_path, capsys):

@@ -130,6 +130,22 @@ def test_linear_with_no_input_irreps_gives_its_biases(generator, irreps_out):
         assert torch.equal(module(x), expected)
 
 
+@pytest.mark.parametrize("width", [0, 16, 5])
+def test_linear_without_paths_takes_any_input_width_as_e3nns(generator, width):
+    """No weighted path (MACE's dipole readout with scalar ``MLP_irreps`` builds ``Linear("16x0e", "1x1o")`` and
+    feeds it a ``[n, 0]`` tensor): e3nn reads no input and returns zeros; so do ours, scripted too. A layer
+    with paths still checks the width."""
+    theirs = _e3nns_with_random_parameters(lambda: o3.Linear("16x0e", "1x1o + 2x0e", instructions=[]), generator)
+    ours = Linear.from_e3nn(theirs)
+    x = torch.randn(4, 3, width, generator=generator, dtype=torch.float64)
+    expected = theirs(x)
+    assert expected.shape == (4, 3, 5)
+    for module in (ours, torch.jit.script(ours)):
+        assert torch.equal(module(x), expected)
+    with pytest.raises(InvalidArgumentError, match=r"features: last dimension of shape \[3, 5\]"):
+        Linear("16x0e", "1x0e")(torch.randn(3, 5))
+
+
 @pytest.mark.parametrize("irreps_in, irreps_out, kwargs", LINEAR_CASES)
 def test_scripted_linear_equals_e3nns_with_its_exact_path_weights(generator, irreps_in, irreps_out, kwargs):
     """``torch.jit.script`` of the layer (what MACE's ``jit.compile`` does to a converted model): e3nn's outputs

@@ -17,6 +17,8 @@ from sparse_accumulation.kernels.torch import graph as torch_graph  # noqa: E402
 from sparse_accumulation.kernels.triton import graph as triton_graph  # noqa: E402
 from graph_helpers import random_graph, reference, weighted_rule  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 interpreted.restore()
 _interpreter = interpreted.module_fixture()
 DEVICE = interpreted.DEVICE

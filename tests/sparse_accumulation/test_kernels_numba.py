@@ -13,6 +13,8 @@ from sparse_accumulation.kernels.numba import accumulate as numba_accumulate, ac
 from sparse_accumulation.kernels.numba import threads as numba_threads, transpose as numba_transpose
 from accumulation_helpers import assert_close_to, random_rule
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 # (X1 leading shape, X2 leading shape, W leading shape): several tasks, each broadcast the kernels reduce
 PATTERNS = [
     ((300, 40), (300, 1), (300, 40)),  # X2 shared along B, tasks cut at multiples of B: added in place

@@ -31,6 +31,8 @@ from sparse_accumulation.kernels import layout  # noqa: E402
 from sparse_accumulation.kernels.triton import accumulate as triton_accumulate  # noqa: E402
 from sparse_accumulation.kernels.triton import build, launch  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 # Only this module's tests run interpreted (the fixture below sets the variable again for them): other test
 # modules collected after this one must see the environment as it was.
 if _PREVIOUS_INTERPRET is None:

@@ -16,6 +16,8 @@ from sparse_accumulation.kernels.torch import polynomial as torch_polynomial
 from sparse_accumulation.backends import kernel_module
 from sparse_accumulation.ops.polynomial.api import evaluate
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 IMPLEMENTATIONS = ("numba", "torch")
 
 

@@ -14,6 +14,8 @@ from polynomial_helpers import random_operands, random_program, reference  # noq
 from sparse_accumulation.indices import Elements  # noqa: E402
 from sparse_accumulation.kernels.triton import polynomial as triton_polynomial  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 interpreted.restore()
 _interpreter = interpreted.module_fixture()
 DEVICE = interpreted.DEVICE

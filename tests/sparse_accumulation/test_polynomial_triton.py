@@ -17,6 +17,8 @@ from sparse_accumulation.kernels.triton.polynomial_source import fits  # noqa: E
 from sparse_accumulation.mace import SymmetricContraction  # noqa: E402
 from sparse_accumulation.descriptors.programs import Program, element_slot, lane_slot  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 interpreted.restore()
 _interpreter = interpreted.module_fixture()
 DEVICE = interpreted.DEVICE

@@ -10,6 +10,8 @@ from sparse_accumulation.backends import kernel_module
 from sparse_accumulation.ops.polynomial.api import evaluate
 from sparse_accumulation.descriptors.programs import Program, Slot, element_slot, lane_slot
 
+pytestmark = pytest.mark.usefixtures("sentinel_outputs")  # unwritten outputs read as NaN
+
 IMPLEMENTATIONS = ("numba", "torch")
 
 

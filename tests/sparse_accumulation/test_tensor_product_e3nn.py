@@ -252,7 +252,7 @@ def test_gradgradcheck(generator, layout):
 def test_float32(generator):
     theirs, ours = pair(*NEQUIP, uvu_instructions(*NEQUIP), shared_weights=False)
     x, y, weight = (t.detach().float() for t in inputs(generator, theirs))
-    out = ours(x, y, weight)
+    out = ours.float()(x, y, weight)
     assert out.dtype == torch.float32
     assert relative_error(out, theirs(x.double(), y.double(), weight.double())) < 1e-5
 
@@ -398,7 +398,11 @@ def test_errors_name_the_callers_arguments(generator, indices):
     keywords = {"indices_1": torch.randint(0, nodes, (edges,), generator=generator),
                 "indices_out": torch.randint(0, nodes, (edges,), generator=generator), "size_out": nodes} \
         if indices else {}
-    assert tp(x, y, w, **keywords).dtype == torch.float64  # float32 buffers follow the data's dtype
+    with pytest.raises(TypeError, match=r"x has dtype torch.float64 but this TensorProduct computes in "
+                                        r"torch.float32 .*convert the module \(.to\(torch.float64\)\) or the data"):
+        tp(x, y, w, **keywords)  # as e3nn's, which cannot mix dtypes either
+    tp = tp.double()
+    assert tp(x, y, w, **keywords).dtype == torch.float64
     with pytest.raises(TypeError, match=r"weight has dtype torch.float32 but x has dtype torch.float64"):
         tp(x, y, w.float(), **keywords)
     with pytest.raises(TypeError, match=r"y has dtype torch.float32 but x has dtype torch.float64"):

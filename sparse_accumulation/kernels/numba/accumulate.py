@@ -16,14 +16,15 @@ into it directly, otherwise each task fills a private copy and the copies are su
 
 The host-side plan of a call is made once per rule, row space and operand layout, and a call hands the
 kernels its tensors as data addresses, so a small call costs a few microseconds of Python; large outputs come
-from :mod:`~sparse_accumulation.kernels.buffers`. 16-bit inputs are computed in float32.
+from :mod:`~sparse_accumulation.kernels.numba.buffers`. 16-bit inputs are computed in float32.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .. import accumulation_dtype, buffers, layout, memo
+from .. import accumulation_dtype, layout, memo
+from . import buffers
 from . import threads as thread_pool
 from .blocks import ADD_PRIVATE, ADD_SHARED, BLOCK, SKIP, STORE
 from .accumulate_kernel import FINISH, PREPARE, TASKS, variant

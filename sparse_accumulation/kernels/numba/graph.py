@@ -19,7 +19,8 @@ import numba
 import numpy as np
 import torch
 
-from .. import accumulation_dtype, buffers
+from .. import accumulation_dtype
+from . import buffers
 from . import threads as thread_pool
 from .. import SEGMENT
 

@@ -24,7 +24,8 @@ import numba
 import numpy as np
 import torch
 
-from .. import accumulation_dtype, buffers
+from .. import accumulation_dtype
+from . import buffers
 from . import threads as thread_pool
 
 #: multiply-adds below which a call runs in the calling thread only

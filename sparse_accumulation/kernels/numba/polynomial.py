@@ -15,9 +15,10 @@ import numba
 import numpy as np
 import torch
 
-from .. import accumulation_dtype, buffers
+from .. import accumulation_dtype
+from . import buffers
 from . import threads as thread_pool
-from ..polynomial_schedule import group
+from .polynomial_schedule import group
 
 #: rows of a tile
 TILE_ROWS = 32

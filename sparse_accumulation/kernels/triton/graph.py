@@ -15,7 +15,7 @@ import torch
 
 from .. import ATOMIC, accumulation_dtype
 
-try:  # triton is optional: is_available() reports whether this backend can run
+try:  # triton is optional (backends.is_available says whether this backend can run)
     import triton
 
     from ..torch import graph as portable
@@ -158,10 +158,3 @@ def compile_only():
 def prefetching() -> bool:
     """Whether :func:`compile_only` starts any compile (compile workers on; see :func:`.build.prefetching`)."""
     return build.prefetching()
-
-
-def is_available() -> bool:
-    """Whether this backend can run: triton importable and CUDA available (or the interpreter on)."""
-    if triton is None:
-        return False
-    return build.interpreting() or torch.cuda.is_available()

@@ -15,7 +15,7 @@ import torch
 from .. import accumulation_dtype
 from ..torch import polynomial as torch_polynomial
 
-try:  # triton is optional: is_available() reports whether this backend can run
+try:  # triton is optional (backends.is_available says whether this backend can run)
     import triton
 
     from . import build, launch, polynomial_source
@@ -126,10 +126,3 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
             for j in element:
                 results[j] = segment_sum(partial[j], (offsets, None), E, traceable=traceable)
     return tuple(results[j] for j in outputs)
-
-
-def is_available() -> bool:
-    """Whether this backend can run: triton importable and CUDA available (or the interpreter on)."""
-    if triton is None:
-        return False
-    return build.interpreting() or torch.cuda.is_available()
