@@ -40,7 +40,7 @@ from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
-from .descriptors.rules import Rule
+from .descriptors.rules import Rule, check_index_tensor
 
 _local = threading.local()
 _memories: "weakref.WeakSet[Memory]" = weakref.WeakSet()
@@ -142,16 +142,6 @@ def clear() -> None:
 
 # ----------------------------------------------------------------------------------------------------------
 # index tensors
-
-
-def check_index_tensor(name: str, t) -> None:
-    """Raise ``TypeError``/``ValueError`` unless ``t`` is a 1-D integer tensor (no value checks)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
-    if t.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
 
 
 _prepared_rules = Memory(512)

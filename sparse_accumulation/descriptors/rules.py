@@ -24,12 +24,22 @@ from .interning import Descriptor
 _ROLES = ("X1", "X2", "W")
 
 
+def check_index_tensor(name: str, t) -> None:
+    """Raise ``TypeError``/``ValueError`` unless ``t`` is a 1-D integer torch tensor (no value checks; torch is
+    not imported here: a tensor exists only where it was)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {tuple(t.shape)}")
+
+
 def _as_index_tuple(name: str, values) -> tuple:
     """Index values as a tuple of Python ints, from a tensor (any device), an array or a sequence."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(values, torch.Tensor):
-        from ..indices import check_index_tensor
-
         check_index_tensor(name, values)
         return tuple(int(v) for v in values.detach().cpu().tolist())
     array = np.asarray(values)

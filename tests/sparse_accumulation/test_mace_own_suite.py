@@ -51,7 +51,7 @@ def test_maces_own_test_file_passes_with_every_model_converted(name, tmp_path):
                os.path.join(folder, name), f"--junitxml={report}"]
     if left_out:
         command += ["-k", "not (" + " or ".join(left_out) + ")"]
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     tail = (done.stdout + done.stderr)[-6000:]
     assert done.returncode == 0, tail
     suite = ElementTree.parse(report).getroot()
