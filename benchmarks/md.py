@@ -3,6 +3,7 @@ calculator, for MACE, MACE + cuEquivariance and this library, eager and replayed
 
     python benchmarks/md.py --device cuda --atoms 64 216 512 4096 10648 --steps 1000 --json md_h200.json
     python benchmarks/md.py --device cpu --atoms 64 --steps 20 --variants mace,ours-eager,ours --channels 16
+    python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants cueq-captured,ours --profile 25
 
 The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor as in
 ``benchmarks/mace_model.py`` (``--channels`` x (0e + 1o), spherical harmonics up to 3, correlation 3, two residual
@@ -87,6 +88,24 @@ def call_ms(model, batch, device, repeats: int) -> float:
     return statistics.median(elapsed_ms(step, device) for _ in range(repeats))
 
 
+def kernel_profile(model, batch, top: int) -> dict:
+    """The GPU kernels of one forces call (after warm-up; a CapturedModel's replay is one graph launch whose
+    kernels the profiler lists): their count and time, and the ``top`` kernels by time (name, calls, us)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        model(dict(batch), compute_force=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(dict(batch), compute_force=True)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    return {"kernel_calls": sum(e.count for e in kernels),
+            "kernel_us": sum(e.self_device_time_total for e in kernels),
+            "top": [(e.key[:120], e.count, round(e.self_device_time_total, 1)) for e in kernels[:top]]}
+
+
 def run_md(model, crystal, device, dtype, steps: int) -> dict:
     """NVE steps through MACE's ASE calculator: steps per second, energy drift per atom, peak memory."""
     from ase import units
@@ -124,6 +143,8 @@ def main(argv=None):
     parser.add_argument("--elements", type=int, default=89)
     parser.add_argument("--steps", type=int, default=1000, help="NVE steps timed per variant and size (0: none)")
     parser.add_argument("--repeats", type=int, default=50, help="forces calls timed per variant and size")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="CUDA: also list the kernels of one forces call, the N longest (torch.profiler)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     wanted = args.variants.split(",")
@@ -148,6 +169,8 @@ def main(argv=None):
             row = {"variant": name, "atoms": len(crystal), "edges": int(batch["edge_index"].shape[1])}
             try:
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
+                if args.profile and device.type == "cuda":
+                    row["profile"] = kernel_profile(model, batch, args.profile)
                 if args.steps:
                     row.update(run_md(model, crystal, device, dtype, args.steps))
             except torch.OutOfMemoryError:
@@ -156,8 +179,13 @@ def main(argv=None):
                 row["error"] = repr(error)[:300]
             rows.append(row)
             shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                             if k not in ("variant", "atoms", "edges"))
+                             if k not in ("variant", "atoms", "edges", "profile"))
             print(f"  {name:>14}: {shown}", flush=True)
+            if "profile" in row:
+                found = row["profile"]
+                print(f"  {'':>14}  {found['kernel_calls']} kernel calls, {found['kernel_us'] / 1000:.3f} ms", flush=True)
+                for kernel, calls, us in found["top"]:
+                    print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {kernel}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             if args.json:  # after every row: a run stopped early keeps what it measured
