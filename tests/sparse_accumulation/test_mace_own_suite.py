@@ -16,15 +16,15 @@ pytest.importorskip("e3nn")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 #: MACE's test file -> the tests left out (they download MACE-MP / MACE-OFF foundation models); the files that
-#: take minutes (the calculator's trains models with run_train.py; test_compile compiles them) are marked
-#: ``long``, left out of CI's slow selection: ``python -m pytest -m long`` runs them
+#: take a minute or more (test_models scripts models, the calculator's trains them with run_train.py, test_compile
+#: compiles them) are marked ``long``, left out of CI's slow selection: ``python -m pytest -m long`` runs them
 FILES = {
     "test_models.py": (),
     "test_lora.py": (),
     "test_calculator.py": ("test_mace_mp", "test_mace_off", "test_mace_mp_stresses", "test_mace_mp_energies"),
     "test_compile.py": (),
 }
-LONG = ("test_calculator.py", "test_compile.py")
+LONG = ("test_models.py", "test_calculator.py", "test_compile.py")
 
 
 def _maces_tests() -> str:
