@@ -62,15 +62,13 @@ def sentinel_outputs(monkeypatch):
     filled with a sentinel (NaN, or :data:`INTEGER_SENTINEL`) instead of whatever memory held: a kernel that
     leaves part of an output unwritten fails the test every time, not only where the memory held garbage.
     (Arrays a compiled numba function makes itself are not reached: they are its scratch space.)"""
-    import numpy as np
-
     from sparse_accumulation.kernels.numba import buffers
 
     empty, empty_like, new_empty, buffer = torch.empty, torch.empty_like, torch.Tensor.new_empty, buffers.empty
 
     def filled_buffer(shape, dtype):
         array = buffer(shape, dtype)
-        array.fill(np.nan)  # (the kernels' buffers are floating point)
+        array.fill(float("nan"))  # (the kernels' buffers are floating point)
         return array
 
     monkeypatch.setattr(torch, "empty", lambda *a, **k: _filled(empty(*a, **k)))

@@ -27,6 +27,19 @@ def _e3nn_nn():
     return e3nn.nn
 
 
+_LAYER = None
+
+
+def _e3nn_layer() -> type:
+    """e3nn's layer class, whose weights the folded forward reads (imported on first use: e3nn is optional)."""
+    global _LAYER
+    if _LAYER is None:
+        from e3nn.nn._fc import _Layer
+
+        _LAYER = _Layer
+    return _LAYER
+
+
 def _is_silu(f) -> bool:
     return f is torch.nn.functional.silu or (type(f) is torch.nn.SiLU and not f.inplace)
 
@@ -45,7 +58,7 @@ class FullyConnectedNet(torch.nn.Module):
         ImportError: e3nn is not installed.
     """
 
-    __jit_ignored_attributes__ = ["_steps", "_layer_type"]  # the eager forward's constants and activations
+    __jit_ignored_attributes__ = ["_steps"]  # the eager forward's constants and activations
     __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile (MACE's scripting) scripts it, as e3nn's own
 
     def __init__(self, hs: Sequence[int], act: Optional[Callable] = None, variance_in: float = 1,
@@ -73,14 +86,12 @@ class FullyConnectedNet(torch.nn.Module):
     def _adopt(self, net: torch.nn.Module) -> None:
         """Hold ``net``'s layers under their names; read each layer's scale and activation."""
         from e3nn.math import normalize2mom
-        from e3nn.nn._fc import _Layer
 
         self.hs: List[int] = list(net.hs)
-        self._layer_type = _Layer
         self._steps = []  # (scale of the layer's weight, activation or None), the constants carried forward
         carry = 1.0
         for name, layer in net.named_children():
-            if type(layer) is not _Layer or not (layer.act is None or isinstance(layer.act, normalize2mom)):
+            if type(layer) is not _e3nn_layer() or not (layer.act is None or isinstance(layer.act, normalize2mom)):
                 raise TypeError(f"net.{name} is not e3nn's layer with a normalised activation: {layer!r}")
             self.add_module(name, layer)
             if layer.act is None:
@@ -103,8 +114,8 @@ class FullyConnectedNet(torch.nn.Module):
             for layer in self.children():
                 x = layer(x)
             return x
-        layers = list(self.children())
-        if any(type(layer) is not self._layer_type for layer in layers):
+        layers, e3nns = list(self.children()), _e3nn_layer()
+        if any(type(layer) is not e3nns for layer in layers):
             for layer in layers:
                 x = layer(x)
             return x

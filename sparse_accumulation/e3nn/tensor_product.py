@@ -605,7 +605,7 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
         given = weight
         weight = self._get_weights(weight)
         self._check_data(x, y, given)
-        if weight is self.weight:  # internal weights follow the inputs' dtype, like the coefficients
+        if weight is self.weight:  # in the inputs' dtype (the module's, checked above) even if set by hand in another
             weight = weight.to(x.dtype)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
             if self._per_edge_on(x.device):  # the per-edge product takes the weights as the caller gave them
