@@ -83,7 +83,6 @@ def _interaction_layer():
                             sensitivity_module=GaussianSensitivityModule, cusp_reg=1e-6).double()
 
 
-@pytest.mark.filterwarnings("ignore:Provided distances are underneath sensitivity range")
 @pytest.mark.filterwarnings("ignore:Using non-standard custom kernel implementation")
 def test_interaction_layer_with_forces(custom_kernels, generator):
     """A HIP-NN vector interaction layer, energy and forces (double backward to the weights), on our kernels
@@ -93,7 +92,10 @@ def test_interaction_layer_with_forces(custom_kernels, generator):
     first = torch.tensor([0, 0, 1, 1, 2, 3, 3, 4, 5, 5, 2, 0])
     second = torch.tensor([1, 2, 0, 3, 4, 1, 5, 2, 3, 0, 4, 1])  # unsorted, a repeated pair; atom 6 alone
     features = torch.randn(n_atoms, 4, generator=generator, dtype=torch.float64)
-    positions = (torch.randn(n_atoms, 3, generator=generator, dtype=torch.float64) * 1.5).requires_grad_()
+    # seven corners of a cube of side 1.6, jittered: every pair inside the sensitivity range [0.8, 4.0)
+    corners = torch.tensor([[i & 1, (i >> 1) & 1, (i >> 2) & 1] for i in range(n_atoms)], dtype=torch.float64)
+    jitter = 0.1 * torch.randn(n_atoms, 3, generator=generator, dtype=torch.float64)
+    positions = (1.6 * corners + jitter).requires_grad_()
 
     def energy_forces_and_weight_gradient(kernels):
         custom_kernels.set_custom_kernels(kernels)
