@@ -13,7 +13,7 @@ gradients; ``no-grad``: the forward under ``torch.no_grad()``, ``fwd``: the forw
 step (on the CPU: the growth of the resident memory).
 Ratios are e3nn / ours. ``--variants`` picks the modules timed, ``--matmul-precision`` sets
 ``torch.set_float32_matmul_precision`` for all of them. ``--chunk-mb`` sets the memory beyond which ours computes
-its rows in chunks and recomputes them in the backward (:mod:`sparse_accumulation.e3nn.factored`). The ``floor``
+its rows in chunks and recomputes them in the backward (:mod:`sparse_accumulation.ops.factored`). The ``floor``
 variant times the matrix products alone that any design made of ordinary matrix products computes for the "uvw"
 instructions (each instruction's weights against its rows times the smallest of its three irreps' dimensions,
 on ready operands; three such products for ``fwd+bwd``), with their multiply-adds per second: e3nn / floor is the
@@ -57,14 +57,14 @@ def _outputs_and_gradients(module, x, y, G) -> list:
 
 class _Fused(torch.nn.Module):
     """Ours with the fused "uvw" kernels (float32 on CUDA) set ``"always"`` or ``"off"`` (the factored torch
-    operations) instead of ``"auto"`` (:data:`sparse_accumulation.e3nn.factored.FUSED`)."""
+    operations) instead of ``"auto"`` (:data:`sparse_accumulation.ops.factored.FUSED`)."""
 
     def __init__(self, inner, setting: str):
         super().__init__()
         self.inner, self.setting = inner, setting
 
     def forward(self, x, y):
-        from sparse_accumulation.e3nn import factored
+        from sparse_accumulation.ops import factored
 
         previous, factored.FUSED = factored.FUSED, self.setting
         try:

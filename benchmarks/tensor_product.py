@@ -124,7 +124,7 @@ def time_module(module, x, y, w, G, device, repeats: int, max_seconds: float) ->
 
 def time_relayout(ours, x, device, repeats: int) -> float:
     """Median ms of our layout conversions alone: x into the operand layout, an output out of it."""
-    plan, _ = ours._plan_for(x.device)
+    plan, _ = ours._plan_for(x.device, ours.implementation)
     out = torch.empty(*x.shape[:-1], plan.channels, plan.out.width, dtype=x.dtype, device=x.device)
 
     def step():
@@ -214,7 +214,7 @@ def main(argv=None):
     checked = [module.to(device) for module in make_products(args.channels, args.implementation, args.layout)]
     theirs, ours = (module.to(device=device, dtype=dtype)
                     for module in make_products(args.channels, args.implementation, args.layout))
-    plan = ours._plan_for(device)[0]
+    plan = ours._plan_for(device, ours.implementation)[0]
     meta = {"command": "python benchmarks/tensor_product.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": str(device), "machine": machine(device), "versions": versions(), "dtype": args.dtype,
             "channels": args.channels, "irreps": nequip_irreps(args.channels),

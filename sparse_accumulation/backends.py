@@ -22,8 +22,12 @@ REFERENCES = ("loops", "index_add", "dense", "sparse")
 IMPLEMENTATIONS = ("auto",) + KERNELS + REFERENCES
 ENVIRONMENT_VARIABLE = "SPARSE_ACCUMULATION_IMPLEMENTATION"
 
-#: the operations, each with a kernel module per kernel implementation (``kernels/<backend>/<operation>.py``)
-OPERATIONS = ("accumulate", "graph", "polynomial", "pair_sums")
+#: the operations, each with the kernel implementations that have a module of kernels for it
+#: (``kernels/<backend>/<operation>.py``): the registered ops' have all three; SiLU's second derivative
+#: (``"activations"``) runs on Triton or torch, e3nn's fused "uvw" products on Triton only
+KERNELS_OF = {"accumulate": KERNELS, "graph": KERNELS, "polynomial": KERNELS, "pair_sums": KERNELS,
+              "activations": ("triton", "torch"), "uvw": ("triton",)}
+OPERATIONS = tuple(KERNELS_OF)
 
 
 def _check_name(implementation, argument: str = "implementation") -> str:
@@ -142,20 +146,30 @@ _modules: dict = {}
 
 
 def kernel_module(operation: str, implementation: str):
-    """The kernel module of ``operation`` (one of :data:`OPERATIONS`) for a resolved kernel implementation
-    (``"numba"``, ``"triton"`` or ``"torch"``); a reference name gives the portable ``"torch"`` kernels of the
-    operations whose references are not kernels (all but ``"accumulate"``). Imported once, then remembered.
+    """The kernel module of ``operation`` (one of :data:`OPERATIONS`) for a resolved implementation. A kernel
+    implementation without kernels for the operation, and a reference name, give the portable ``"torch"``
+    kernels where the operation has them (a reference of ``"accumulate"`` has none: its references are not
+    kernels). Imported once, then remembered.
 
     Raises:
-        ValueError: an unknown operation or implementation.
+        ValueError: an unknown operation or implementation, or no kernels of the operation for it.
     """
     module = _modules.get((operation, implementation))
     if module is None:
-        if operation not in OPERATIONS:
+        if operation not in KERNELS_OF:
             raise ValueError(f"operation must be one of {', '.join(OPERATIONS)}, got {operation!r}")
-        backend = implementation if implementation in KERNELS else "torch"
-        if implementation not in KERNELS and (operation == "accumulate" or implementation not in REFERENCES):
+        backend = implementation if implementation in KERNELS_OF[operation] else "torch"
+        known = implementation in KERNELS or (implementation in REFERENCES and operation != "accumulate")
+        if not known or backend not in KERNELS_OF[operation]:
             raise ValueError(f"no {operation} kernels for implementation {implementation!r}")
         module = importlib.import_module(f"sparse_accumulation.kernels.{backend}.{operation}")
         _modules[(operation, implementation)] = module
     return module
+
+
+def triton_launch():
+    """The launch controls of the Triton kernels (:mod:`sparse_accumulation.kernels.triton.launch`: waiting
+    for compiles, the portable interim), or None where triton is not installed."""
+    if not _importable("triton"):
+        return None
+    return importlib.import_module("sparse_accumulation.kernels.triton.launch")

@@ -21,6 +21,7 @@ from torch import Tensor
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.overrides import TorchFunctionMode
 
+from . import backends
 from .descriptors.rules import Rule
 from .kernels import accumulation_dtype
 
@@ -94,10 +95,9 @@ def _graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs,
     """``graph_accumulate`` (message passing) on the library's plain-torch graph kernels
     (:mod:`sparse_accumulation.kernels.torch.graph`: gathers, products and ``index_add`` over chunks of edges)."""
     del implementation
-    from .kernels.torch import graph as torch_graph
     from .ops.graph.registered import run
 
-    return run(torch_graph, [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows, edges, reduction,
+    return run(backends.kernel_module("graph", "torch"), [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows, edges, reduction,
                False)
 
 

@@ -79,14 +79,16 @@ def _interaction_sums(dtype: torch.dtype) -> None:
 
 def steps(dtypes: Sequence[torch.dtype]) -> list:
     """``(label, function)`` of each warm-up step for the dtypes (each compute dtype once)."""
+    from . import backends
     from .kernels import accumulation_dtype
-    from .kernels.numba import accumulate_kernel
+
+    accumulate_kernels = backends.kernel_module("accumulate", "numba")
 
     computed = list(dict.fromkeys(accumulation_dtype(d) for d in dtypes))
     out = []
     for dtype in computed:
         name = str(dtype).replace("torch.", "")
-        for weighted, want_c in accumulate_kernel.all_variants():
+        for weighted, want_c in accumulate_kernels.all_variants():
             label = f"accumulate {name}" + (", weights" if weighted else "") + (", dC" if want_c else "")
             out.append((label, lambda d=dtype, a=weighted, b=want_c: _accumulation(d, a, b)))
         out.append((f"message passing {name}", lambda d=dtype: _message_passing(d)))

@@ -31,6 +31,8 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
+from .. import backends
+
 __all__ = [
     "TIMINGS", "EAGER_TIMINGS", "COMPILED_TIMINGS", "normalize_timings", "timing_unavailable", "unit",
     "synchronize", "elapsed_ms", "make_step", "compile_forward", "measure", "copy_bandwidth",
@@ -52,11 +54,9 @@ def compiled_kernels_only() -> None:
     compile, instead of the call computing with the portable torch kernels meanwhile: for benchmarks, whose
     checks and timings are of the compiled kernels (``benchmarks/cold_start.py`` measures the interim)."""
     os.environ["SPARSE_ACCUMULATION_TRITON_WAIT"] = "1"
-    try:
-        from ..kernels.triton import launch
-    except ImportError:  # no triton: no GPU kernels to wait for
-        return
-    launch.WAIT_FOR_COMPILES = True
+    launch = backends.triton_launch()
+    if launch is not None:  # else no triton: no GPU kernels to wait for
+        launch.WAIT_FOR_COMPILES = True
 
 
 def waits_for_compiles(function: Callable) -> Callable:
@@ -65,12 +65,8 @@ def waits_for_compiles(function: Callable) -> Callable:
     the compiled kernels, not the portable interim."""
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        try:
-            from ..kernels.triton import launch
-            waiting = launch.waiting()
-        except ImportError:  # no triton: no GPU kernels to wait for
-            waiting = contextlib.nullcontext()
-        with waiting:
+        launch = backends.triton_launch()
+        with contextlib.nullcontext() if launch is None else launch.waiting():
             return function(*args, **kwargs)
 
     return wrapper

@@ -42,7 +42,7 @@ from .. import backends
 from ..exact import ExactBuffers
 from ..ops.accumulate.api import accumulate_rule
 from ..ops.scripted import broadcast_shapes, check_index, check_like, check_width
-from .factored import CHUNK_BYTES, factored_instructions, factored_product, specs
+from ..ops.factored import CHUNK_BYTES, factored_instructions, factored_product, specs
 from .layout import channel_rule, divisor_of_multiplicities, gather, gather_weights, make_plan, scatter
 
 __all__ = ["TensorProduct", "Instruction", "SUPPORTED_MODES", "InvalidArgumentError", "WeightsMissingError",
@@ -424,16 +424,25 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
                 columns = torch.as_tensor(read, dtype=torch.int64)
         self.register_buffer("_row_weight_columns", columns, persistent=False)
 
-    def _plan_for(self, device: torch.device):
-        """The row plan on CPU tensors (unless the Triton kernels are asked for), else the channel plan."""
-        name = backends.get_default_implementation() if self.implementation is None else self.implementation
-        if device.type == "cpu" and name != "triton":
+    def _plan_for(self, device: torch.device, implementation: Optional[str]):
+        """The row plan on CPU tensors (unless the Triton kernels run them), else the channel plan."""
+        if device.type == "cpu" and backends.resolved(implementation, device) != "triton":
             return self._row_plan, self.coefficients_rows
         return self._channel_plan, self.coefficients_channels
 
+    def _implementation_on(self, device: torch.device) -> Optional[str]:
+        """The implementation a call on ``device`` runs, decided once per call and handed to every op it makes
+        (which take a resolved name as it is); while ``torch.compile`` or ``torch.export`` trace, the module's
+        own name, which the registered ops resolve where the program runs (an exported program holds ``"auto"``,
+        not the kernels of the machine that traced it)."""
+        if torch.compiler.is_compiling():
+            return self.implementation
+        return backends.resolved(self.implementation, device)
+
     def rule_for(self, device):
         """The :class:`~sparse_accumulation.Rule` that calls on ``device`` use (``None`` if nothing is computed)."""
-        return self._plan_for(torch.device(device))[0].rule
+        device = torch.device(device)
+        return self._plan_for(device, self.implementation)[0].rule
 
     def __repr__(self) -> str:
         paths = sum(math.prod(ins.path_shape) for ins in self.instructions)
@@ -595,7 +604,9 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
             weight = weight.unsqueeze(-2)
         return self._product(eye, y.unsqueeze(-2), weight, None, None, None, None, None)
 
-    def _eager(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction) -> torch.Tensor:
+    def _eager(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction,
+               implementation: Optional[str] = None) -> torch.Tensor:
+        """:meth:`forward` outside TorchScript; ``implementation``: the one this call runs (None: decide it)."""
         weight = self._joined(weight)
         for name, t, dim in (("x", x, self._dims[0]), ("y", y, self._dims[1])):
             if not isinstance(t, torch.Tensor):
@@ -607,23 +618,27 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
         self._check_data(x, y, given)
         if weight is self.weight:  # in the inputs' dtype (the module's, checked above) even if set by hand in another
             weight = weight.to(x.dtype)
+        if implementation is None:
+            implementation = self._implementation_on(x.device)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
-            if self._per_edge_on(x.device):  # the per-edge product takes the weights as the caller gave them
-                return self._per_edge(x, y, given, indices_1, indices_2, indices_out, size_out, reduction)
-            return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction)
+            if self._per_edge_on(x.device, implementation):  # the per-edge product takes the caller's weights
+                return self._per_edge(x, y, given, indices_1, indices_2, indices_out, size_out, reduction,
+                                      implementation)
+            return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction,
+                                         implementation)
         lead = self._leading_shape(x, y, weight)
-        plan, C = self._plan_for(x.device)
+        plan, C = self._plan_for(x.device, implementation)
         if plan.rule is None:
             return x.new_zeros(*lead, self._dims[2])
         if plan.weights is None and not self.shared_weights and x.shape[:-1] != lead:
             # per-row weights that no computed instruction reads still broadcast with the inputs, as in e3nn
             x = x.expand(*lead, x.shape[-1])
         if plan is self._channel_plan and x.device.type == "cuda":
-            return self._in_place(x, y, weight, lead)
+            return self._in_place(x, y, weight, lead, implementation)
         X1 = gather(x, plan.x)
         X2 = y.unsqueeze(-2) if plan.y is None else gather(y, plan.y)
         W = None if plan.weights is None else gather_weights(weight, plan.weights)
-        out = accumulate_rule(X1, X2, plan.rule, C.to(x.dtype), W, implementation=self.implementation)
+        out = accumulate_rule(X1, X2, plan.rule, C.to(x.dtype), W, implementation=implementation)
         return scatter(out, plan.out)
 
     def _check_data(self, x, y, weight) -> None:
@@ -666,7 +681,7 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
             return None
         return weight.reshape(1, -1) if self.shared_weights else weight
 
-    def _in_place(self, x, y, weight, lead) -> torch.Tensor:
+    def _in_place(self, x, y, weight, lead, implementation: Optional[str]) -> torch.Tensor:
         """The product of broadcasting e3nn-layout tensors (leading dimensions ``lead`` once broadcast) on the
         graph kernels: one row per broadcast row, e3nn's tensors read and written in place."""
         W = self._weight_rows(weight)
@@ -680,18 +695,19 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
 
         operands = [rows(x), rows(y)] + ([] if W is None else [W if self.shared_weights else rows(W)])
         out = self._message_passing(*operands[:2], operands[2] if W is not None else None, None, None, None, None,
-                                    None, weights_as_rows=True)
+                                    None, implementation, weights_as_rows=True)
         return out.view(*lead, self._dims[2])
 
-    def _per_edge_on(self, device: torch.device) -> bool:
+    def _per_edge_on(self, device: torch.device, implementation: Optional[str]) -> bool:
         """Whether message passing runs per edge here: on the CPU's numba kernels, where a channel plan of fewer
         than :data:`FUSED_MIN_CHANNELS` channels makes the fused graph kernels slower than the row kernels on
         gathered rows followed by a sum by destination."""
         if device.type != "cpu" or self.channels >= FUSED_MIN_CHANNELS:
             return False
-        return backends.resolved(self.implementation, device) == "numba"
+        return backends.resolved(implementation, device) == "numba"
 
-    def _per_edge(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction) -> torch.Tensor:
+    def _per_edge(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction,
+                  implementation: Optional[str]) -> torch.Tensor:
         """Message passing as the product of the gathered rows, then their sum by ``indices_out``: indices (and
         ``reduction``) checked as the fused path checks them (by name), the per-edge messages made."""
         from ..ops.graph.api import message_indices
@@ -699,13 +715,13 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
         x_rows, y_rows, out_rows = message_indices(x, y, indices_1, indices_2, indices_out, size_out, reduction)
         # the kernels' part only: the caller adds the factored instructions' messages
         messages = self._eager(x if x_rows is None else x[x_rows], y if y_rows is None else y[y_rows], weight, None,
-                               None, None, None, None)
+                               None, None, None, None, implementation)
         if out_rows is None:
             return messages
         return messages.new_zeros(size_out, messages.shape[-1]).index_add(0, out_rows, messages)
 
-    def _message_passing(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction, *,
-                         weights_as_rows: bool = False) -> torch.Tensor:
+    def _message_passing(self, x, y, weight, indices_1, indices_2, indices_out, size_out, reduction,
+                         implementation: Optional[str], *, weights_as_rows: bool = False) -> torch.Tensor:
         from ..ops.graph.api import accumulate_graph
 
         crule = self._graph_rule
@@ -720,7 +736,7 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
                 raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
         return accumulate_graph(crule, x, y, self.coefficients_channels.to(x.dtype), W, indices_1=indices_1,
                                 indices_2=indices_2, indices_out=indices_out, size_out=size_out,
-                                implementation=self.implementation, reduction=reduction, names=("x", "y", "weight"))
+                                implementation=implementation, reduction=reduction, names=("x", "y", "weight"))
 
     # ----------------------------------------------------------------------------------------------------
     # the scripted path: TorchScript compiles these methods (and only these), which call the registered ops

@@ -6,7 +6,7 @@ validation); operations ``accumulate``, ``graph``, ``polynomial`` and ``pair_sum
 operation meets that operation's contract below. :func:`sparse_accumulation.backends.kernel_module` finds the
 module of ``(operation, implementation)``. Two Triton modules serve one caller each and have no other backends:
 ``triton/activations.py`` (SiLU's second derivatives, :mod:`sparse_accumulation.ops.activations`) and
-``triton/uvw.py`` (e3nn's fused "uvw" instructions, :mod:`sparse_accumulation.e3nn.factored`).
+``triton/uvw.py`` (e3nn's fused "uvw" instructions, :mod:`sparse_accumulation.ops.factored`).
 
 Sparse accumulation
 -------------------

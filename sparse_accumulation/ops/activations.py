@@ -13,32 +13,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.torch import activations as torch_activations
-
-_triton_activations = None
-
-
-def _fused(x: torch.Tensor):
-    """The Triton kernels' module where they can run on ``x``, else None."""
-    global _triton_activations
-    if not x.is_cuda:
-        return None
-    if _triton_activations is None:
-        from ..kernels.triton import activations
-
-        _triton_activations = activations
-    return _triton_activations if _triton_activations.is_available() else None
+from .. import backends
 
 
 def silu_second_order(x: torch.Tensor, g: torch.Tensor, gg: torch.Tensor):
     """``(d/dx, d/dg)`` of ``g * silu'(x)`` for its output gradient ``gg``, differentiable where grad mode is on."""
+    portable = backends.kernel_module("activations", "torch")
     if not torch.is_grad_enabled() and x.shape == g.shape == gg.shape and x.dtype == g.dtype == gg.dtype:
-        kernels = _fused(x)
-        if kernels is not None:
+        kernels = backends.kernel_module("activations", backends.resolved(None, x.device))
+        if kernels is not portable:
             result = kernels.silu_second_order(x, g, gg)
-            if result is not None:
+            if result is not None:  # None: the kernel is still compiling
                 return result
-    return torch_activations.silu_second_order(x, g, gg)
+    return portable.silu_second_order(x, g, gg)
 
 
 class _SiLUBackward(torch.autograd.Function):

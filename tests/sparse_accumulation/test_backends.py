@@ -75,3 +75,42 @@ def test_auto_falls_back_with_one_warning_when_numba_is_missing():
     result = _python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "True", "raised", "True"]
+
+
+def test_kernel_module_finds_each_operations_kernels_and_refuses_what_it_lacks():
+    for operation, kernels in backends.KERNELS_OF.items():
+        assert backends.kernel_module(operation, kernels[0]).__name__ == \
+            f"sparse_accumulation.kernels.{kernels[0]}.{operation}"
+    # a backend without kernels of its own for an operation runs the portable ones where the operation has them
+    assert backends.kernel_module("activations", "numba") is backends.kernel_module("activations", "torch")
+    assert backends.kernel_module("graph", "loops") is backends.kernel_module("graph", "torch")
+    for operation, implementation in (("uvw", "numba"), ("uvw", "torch"), ("accumulate", "loops"),
+                                      ("graph", "fast")):
+        with pytest.raises(ValueError, match=f"no {operation} kernels for implementation '{implementation}'"):
+            backends.kernel_module(operation, implementation)
+    with pytest.raises(ValueError, match="operation must be one of"):
+        backends.kernel_module("convolution", "numba")
+
+
+def test_integrations_reach_kernels_only_through_the_lookup():
+    """e3nn/, mace/, hippynn/, bench/, export.py and warmup.py import no backend folder (kernels/numba, triton,
+    torch): they go through the ops or backends.kernel_module."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(sa.__file__).parent
+    files = [p for folder in ("e3nn", "mace", "hippynn", "bench") for p in (package / folder).glob("*.py")]
+    files += [package / "export.py", package / "warmup.py"]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if "kernels" in parts and parts[parts.index("kernels") + 1:parts.index("kernels") + 2] in (
+                        ["numba"], ["triton"], ["torch"]):
+                    raise AssertionError(f"{path.relative_to(package)} imports {name}, a backend folder")

@@ -205,7 +205,7 @@ FACTORED += [("TensorProduct", UUW, {}), ("TensorProduct", UUW, {"shared_weights
 @pytest.mark.parametrize("name, args, kwargs", FACTORED)
 def test_large_uvw_and_uuw_instructions_are_factored_and_equal_to_e3nn_to_second_order(name, args, kwargs,
                                                                                       generator):
-    from sparse_accumulation.e3nn.factored import FACTORED_MIN_PATHS, FACTORED_MIN_UUW_PATHS, MODES
+    from sparse_accumulation.ops.factored import FACTORED_MIN_PATHS, FACTORED_MIN_UUW_PATHS, MODES
 
     theirs = getattr(o3, name)(*args, **kwargs)
     tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
@@ -266,7 +266,7 @@ class _Chunked(NamedTuple):
 def _chunked_case(name, args, kwargs, generator, rows=23) -> _Chunked:
     """e3nn's module and ours with its weights (float64), the bytes of our intermediates per row, and random
     inputs of ``rows`` rows (per-row weights where the module has no shared ones)."""
-    from sparse_accumulation.e3nn import factored
+    from sparse_accumulation.ops import factored
 
     theirs = getattr(o3, name)(*args, **kwargs)
     tp = getattr(ours, name)(*args, **kwargs, dtype=torch.float64)
@@ -286,7 +286,7 @@ def test_factored_rows_in_chunks_recomputed_in_the_backward(name, args, kwargs, 
     derivatives to second order, and gradients alone, equal e3nn's (a last chunk shorter than the others, a
     single row of y shared by every row, message passing, TorchScript), and the forward keeps for the backward
     about its inputs instead of every row's intermediates."""
-    from sparse_accumulation.e3nn import factored
+    from sparse_accumulation.ops import factored
 
     case = _chunked_case(name, args, kwargs, generator)
     theirs, tp, per_row, rows, x, y, weight, shared = case
@@ -323,7 +323,7 @@ def test_cpu_rows_in_cache_sized_chunks_kept_for_the_backward(name, args, kwargs
     """On the CPU the rows go in chunks of at most ``cpu_chunk_bytes()`` of intermediates even where every row's fit
     the budget, kept for the backward (no recomputation): values and derivatives to second order equal e3nn's;
     beyond the budget the recomputed chunks are the smaller of the two sizes."""
-    from sparse_accumulation.e3nn import factored
+    from sparse_accumulation.ops import factored
 
     case = _chunked_case(name, args, kwargs, generator)
     theirs, tp, per_row, rows, x, y, weight, shared = case

@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 o3 = pytest.importorskip("e3nn.o3")
 
 import sparse_accumulation.e3nn as ours  # noqa: E402
-from sparse_accumulation.e3nn import factored  # noqa: E402
+from sparse_accumulation.ops import factored  # noqa: E402
 from sparse_accumulation.kernels.triton import launch, uvw, uvw_source  # noqa: E402
 
 interpreted.restore()

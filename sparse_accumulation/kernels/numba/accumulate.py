@@ -27,7 +27,7 @@ from .. import accumulation_dtype, layout, memo
 from . import buffers
 from . import threads as thread_pool
 from .blocks import ADD_PRIVATE, ADD_SHARED, BLOCK, SKIP, STORE
-from .accumulate_kernel import FINISH, PREPARE, TASKS, variant
+from .accumulate_kernel import FINISH, PREPARE, TASKS, all_variants, variant  # noqa: F401  (all_variants: warm-up)
 
 #: at most this many tasks per call (each holds its scratch and, for some broadcasts, a private gradient)
 MAX_TASKS = 16

@@ -8,7 +8,7 @@ import torch
 
 from .. import accumulation_dtype
 
-try:  # triton is optional: is_available() reports whether this backend can run
+try:  # triton is optional (sparse_accumulation.backends.is_available says whether it runs)
     import triton
 
     from . import build, launch
@@ -66,10 +66,3 @@ def silu_second_order(x: torch.Tensor, g: torch.Tensor, gg: torch.Tensor):
         return None
     launch.launch(kernel, grid, pointers, ints, device=x.device, small=n <= _INT32_LIMIT)
     return dx, dg
-
-
-def is_available() -> bool:
-    """Whether this backend can run: triton importable and CUDA available (or the interpreter on)."""
-    if triton is None:
-        return False
-    return build.interpreting() or torch.cuda.is_available()

@@ -5,7 +5,7 @@ Each function adds into targets the caller made (instructions share outputs and 
 without launching anything where one of its kernels is still compiling (:func:`.launch.ready`): the caller then
 computes the call otherwise.
 
-An instruction is described by the ints of :func:`sparse_accumulation.e3nn.factored.specs`
+An instruction is described by the ints of :func:`sparse_accumulation.ops.factored.specs`
 ``[in1 start, mul1, d1, in2 start, mul2, d2, out start, mul_out, d_out, weight start, coefficient start, mode]``;
 its coefficients ``C[i1, i2, k]`` are the block of ``d1 d2 d_out`` values at ``coefficient start``, nonzero where
 e3nn's 3j symbol of the three dimensions is. The input with fewer components is the kernels' ``q`` (the one
@@ -19,7 +19,7 @@ import torch
 
 import cg
 
-try:  # triton is optional: is_available() reports whether this backend can run
+try:  # triton is optional (sparse_accumulation.backends.is_available says whether it runs)
     import triton
 
     from . import build, launch
@@ -118,7 +118,7 @@ def forward(x1, x2, weight, coefficients, out, spec) -> bool:
     Args:
         x1, x2: ``[rows or 1, irreps.dim]`` float32 (e3nn's layout, unit column stride).
         weight: ``[weight_numel]`` float32, contiguous; coefficients: float32, as
-            :func:`~sparse_accumulation.e3nn.factored.specs` makes them; out: ``[rows, irreps_out.dim]``
+            :func:`~sparse_accumulation.ops.factored.specs` makes them; out: ``[rows, irreps_out.dim]``
             float32, contiguous.
         spec: the instruction's ints (module docstring).
     """
@@ -167,10 +167,3 @@ def grad_weight(x1, x2, coefficients, grad, spec, rows: int):
         return None
     total = partial.sum(0)  # [l, d, w]
     return (total.transpose(0, 1) if r.swapped else total).reshape(-1)
-
-
-def is_available() -> bool:
-    """Whether these kernels can run: triton importable and CUDA available (or the interpreter on)."""
-    if triton is None:
-        return False
-    return build.interpreting() or torch.cuda.is_available()

@@ -49,6 +49,8 @@ import torch
 
 import cg
 
+from .. import backends
+
 #: "uvw" instructions of at least this many paths (``mul1 mul2 mul_out``) are computed factored
 FACTORED_MIN_PATHS = 512
 #: "uuw" instructions of at least this many paths (``mul1 mul_out``) are computed factored
@@ -297,9 +299,9 @@ def _fused(x, y, weight, specs: List[List[int]], coefficients, dim_out: int, row
     :data:`FUSED` ``"off"``, or ``"auto"`` with a gradient asked for and intermediates within ``budget``."""
     if (FUSED == "off" or rows == 0 or x.device.type not in FUSED_DEVICES
             or any(t.dtype != torch.float32 for t in (x, y, weight)) or torch.compiler.is_compiling()
-            or not _uvw_available()):
+            or not backends.is_available("triton", x.device)):
         return None
-    from ..kernels.triton import uvw
+    uvw = _uvw_kernels()
     fused = [spec for spec in specs if uvw.supported(spec)]
     if not fused:
         return None
@@ -312,15 +314,13 @@ def _fused(x, y, weight, specs: List[List[int]], coefficients, dim_out: int, row
     return out + factored_product(x, y, weight, True, rest, coefficients, dim_out, budget) if rest else out
 
 
-@functools.lru_cache(maxsize=None)
-def _uvw_available() -> bool:
-    from ..kernels.triton import uvw
-    return uvw.is_available()
+def _uvw_kernels():
+    return backends.kernel_module("uvw", "triton")
 
 
 def _fused_forward(x, y, weight, coefficients, specs, dim_out: int, rows: int):
     """The product on the fused kernels; None where one is still compiling."""
-    from ..kernels.triton import uvw
+    uvw = _uvw_kernels()
     out = x.new_zeros(rows, dim_out)
     for spec in specs:
         if not uvw.forward(x, y, weight, coefficients, out, spec):
@@ -331,7 +331,7 @@ def _fused_forward(x, y, weight, coefficients, specs, dim_out: int, rows: int):
 def _fused_grads(x, y, weight, coefficients, specs, rows: int, grad, wanted):
     """The gradients of ``x``, ``y`` and ``weight`` (None where not ``wanted``) on the fused kernels; None
     where one is still compiling."""
-    from ..kernels.triton import uvw
+    uvw = _uvw_kernels()
     grad = grad.contiguous()
     gx = x.new_zeros(rows, x.shape[1]) if wanted[0] else None
     gy = y.new_zeros(rows, y.shape[1]) if wanted[1] else None
