@@ -247,9 +247,10 @@ def _run_tasks(kernel_args, grid_rows: int, offsets, work: int) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def _segment_sum(z, z_stride, offsets, order, out, width):
-    """``out[r] = sum of z rows`` over the edges of segment ``r``, in the segments' order."""
-    for r in range(offsets.shape[0] - 1):
+def _segment_sum(z, z_stride, offsets, order, out, width, first, last):
+    """``out[r] = sum of z rows`` over the edges of segment ``r``, in the segments' order, for the segments
+    ``[first, last)``."""
+    for r in range(first, last):
         line = out[r]
         for j in range(width):
             line[j] = 0.0
@@ -261,14 +262,24 @@ def _segment_sum(z, z_stride, offsets, order, out, width):
 
 
 def segment_sum(Z, segments, rows: int, traceable: bool = False):
-    """See the graph contract of :mod:`sparse_accumulation.kernels`."""
+    """See the graph contract of :mod:`sparse_accumulation.kernels`. Segments go in tasks of about equal edges
+    on the thread pool above :data:`SERIAL_WORK` values read; each segment is summed by one task, in order."""
     dtype = accumulation_dtype(Z.dtype)
     out = torch.empty(rows, Z.shape[1], dtype=dtype)
     if rows and Z.shape[1]:
         offsets, order = segments
         z = Z.detach().to(dtype).contiguous()
-        _segment_sum(z.numpy().ravel(), z.shape[1], offsets.numpy(),
-                     order.numpy() if order is not None else _EMPTY_INDEX, out.numpy(), z.shape[1])
+        args = (z.numpy().ravel(), z.shape[1], offsets.numpy(), order.numpy() if order is not None else _EMPTY_INDEX,
+                out.numpy(), z.shape[1])
+        offsets = args[2]
+        threads = max(1, torch.get_num_threads())
+        if Z.shape[0] * Z.shape[1] < SERIAL_WORK or threads == 1 or rows < 2:
+            _segment_sum(*args, 0, rows)
+        else:
+            targets = np.linspace(offsets[0], offsets[-1], min(rows, threads * TASKS_PER_THREAD) + 1)
+            cuts = np.unique(np.concatenate([[0], np.searchsorted(offsets, targets[1:-1]), [rows]]))
+            ranges = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+            thread_pool.run_tasks(lambda first, last: _segment_sum(*args, first, last), ranges, threads)
     else:
         out.zero_()
     return out if dtype == Z.dtype else out.to(Z.dtype)

@@ -59,3 +59,44 @@ def accumulate(X1, X2, W, T, C, indices, offsets, orders, crule: str, outputs, r
     ``implementation``."""
     return list(_eager_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
                                   implementation, reduction))
+
+
+class _SumByRow(torch.autograd.Function):
+    """``out[r] = sum of messages[e]`` over the edges ``e`` of row ``r`` of an :class:`~sparse_accumulation.Index`
+    (its segments, summed in order by the graph kernels' ``segment_sum``); the gradient gathers rows."""
+
+    @staticmethod
+    def forward(ctx, messages, index, kernels):
+        ctx.index, ctx.kernels = index, kernels
+        offsets, order = index.segments()
+        return kernels.segment_sum(messages, (offsets, order), index.size)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _GatherRows.apply(grad, ctx.index, ctx.kernels), None, None
+
+
+class _GatherRows(torch.autograd.Function):
+    """``rows[e] = out[index[e]]``, whose gradient is :class:`_SumByRow` again (every order on the kernels)."""
+
+    @staticmethod
+    def forward(ctx, rows, index, kernels):
+        ctx.index, ctx.kernels = index, kernels
+        return rows.index_select(0, index.tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _SumByRow.apply(grad, ctx.index, ctx.kernels), None, None
+
+
+def sum_by_row(messages: torch.Tensor, index, implementation: str) -> torch.Tensor:
+    """``[index.size, width]``: the rows of ``messages [edges, width]`` summed by the prepared ``index`` with the
+    graph kernels of a resolved ``implementation``, differentiable to every order."""
+    return _SumByRow.apply(messages, index, backends.kernel_module("graph", implementation))
+
+
+def gather_rows(rows: torch.Tensor, index, implementation: str) -> torch.Tensor:
+    """``rows[index.tensor]``, whose gradient is :func:`sum_by_row` on the graph kernels of a resolved
+    ``implementation``."""
+    return _GatherRows.apply(rows, index, backends.kernel_module("graph", implementation))
+
