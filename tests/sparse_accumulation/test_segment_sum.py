@@ -23,9 +23,11 @@ def _loop_sums(Z: torch.Tensor, index: torch.Tensor, rows: int) -> torch.Tensor:
 @pytest.mark.parametrize("sort", [True, False], ids=["sorted", "unsorted"])
 @pytest.mark.parametrize("edges,rows,width", [(50, 9, 7), (3000, 400, 97)], ids=["serial", "threaded"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_segment_sum_kernels(generator, implementation, sort, edges, rows, width, dtype):
-    if implementation == "numba" and edges * width >= numba_graph.SERIAL_WORK:
-        assert torch.get_num_threads() > 1 or pytest.skip("one thread: no threaded path")
+def test_segment_sum_kernels(generator, monkeypatch, implementation, sort, edges, rows, width, dtype):
+    if edges > 1000:  # the pool's path at a size the tests can afford
+        monkeypatch.setattr(numba_graph, "SEGMENT_SUM_SERIAL_VALUES", edges * width)
+        if torch.get_num_threads() == 1:
+            pytest.skip("one thread: no threaded path")
     # rows 0 and rows - 1 receive nothing: empty segments at both ends and inside
     index = torch.randint(1, rows - 1, (edges,), generator=generator)
     index[index == rows // 2] = rows // 2 + 1
@@ -43,8 +45,9 @@ def test_segment_sum_kernels(generator, implementation, sort, edges, rows, width
 
 
 @pytest.mark.parametrize("edges", [40, 3000], ids=["serial", "threaded"])
-def test_gather_and_sum_of_messages_to_second_order(generator, edges):
+def test_gather_and_sum_of_messages_to_second_order(generator, monkeypatch, edges):
     nodes, width = 30, 100
+    monkeypatch.setattr(numba_graph, "SEGMENT_SUM_SERIAL_VALUES", 40 * width + 1)
     src = torch.randint(0, nodes, (edges,), generator=generator)
     dst = torch.randint(0, nodes - 1, (edges,), generator=generator)  # the last node receives nothing
     x = torch.randn(nodes, width, generator=generator, dtype=torch.float64, requires_grad=True)

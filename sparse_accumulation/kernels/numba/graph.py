@@ -28,6 +28,9 @@ _INDEX_NAMES = ("m1", "m2", "w", "mu")
 _ONE = -1
 #: below this many (edges x channels x nonzeros) of work a call runs in the calling thread
 SERIAL_WORK = 1 << 18
+#: below this many values read, segment sums run in the calling thread (the pool's hand-offs cost more than
+#: the adds they share: measured break-even about 2-3 million values on 2 cores)
+SEGMENT_SUM_SERIAL_VALUES = 1 << 21
 #: tasks per thread (more tasks balance rows of uneven length)
 TASKS_PER_THREAD = 4
 
@@ -247,33 +250,33 @@ def _run_tasks(kernel_args, grid_rows: int, offsets, work: int) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
-def _segment_sum(z, z_stride, offsets, order, out, width, first, last):
+def _segment_sum(z, offsets, order, out, first, last):
     """``out[r] = sum of z rows`` over the edges of segment ``r``, in the segments' order, for the segments
-    ``[first, last)``."""
+    ``[first, last)`` (``order`` empty: the edges are sorted). Whole rows of two 2-D arrays, so that the adds
+    vectorise."""
+    width = z.shape[1]
     for r in range(first, last):
         line = out[r]
-        for j in range(width):
-            line[j] = 0.0
+        line[:] = 0.0
         for p in range(offsets[r], offsets[r + 1]):
-            e = order[p] if order.shape[0] > 0 else p
-            start = e * z_stride
+            row = z[order[p]] if order.shape[0] > 0 else z[p]
             for j in range(width):
-                line[j] += z[start + j]
+                line[j] += row[j]
 
 
 def segment_sum(Z, segments, rows: int, traceable: bool = False):
     """See the graph contract of :mod:`sparse_accumulation.kernels`. Segments go in tasks of about equal edges
-    on the thread pool above :data:`SERIAL_WORK` values read; each segment is summed by one task, in order."""
+    on the thread pool from :data:`SEGMENT_SUM_SERIAL_VALUES` values read; each segment is summed by one task,
+    in order."""
     dtype = accumulation_dtype(Z.dtype)
     out = torch.empty(rows, Z.shape[1], dtype=dtype)
     if rows and Z.shape[1]:
         offsets, order = segments
-        z = Z.detach().to(dtype).contiguous()
-        args = (z.numpy().ravel(), z.shape[1], offsets.numpy(), order.numpy() if order is not None else _EMPTY_INDEX,
-                out.numpy(), z.shape[1])
-        offsets = args[2]
+        offsets = offsets.numpy()
+        args = (Z.detach().to(dtype).contiguous().numpy(), offsets,
+                order.numpy() if order is not None else _EMPTY_INDEX, out.numpy())
         threads = max(1, torch.get_num_threads())
-        if Z.shape[0] * Z.shape[1] < SERIAL_WORK or threads == 1 or rows < 2:
+        if Z.shape[0] * Z.shape[1] < SEGMENT_SUM_SERIAL_VALUES or threads == 1 or rows < 2:
             _segment_sum(*args, 0, rows)
         else:
             targets = np.linspace(offsets[0], offsets[-1], min(rows, threads * TASKS_PER_THREAD) + 1)
