@@ -38,10 +38,11 @@ setup(
         "mace": ["e3nn>=0.5", "opt_einsum_fx>=0.1.4", "ase>=3.23", "torch-ema>=0.3", "torchmetrics>=1.0",
                  "pandas>=2.0", "matscipy>=1.0", "h5py>=3.8", "lmdb>=1.4", "orjson>=3.8", "prettytable>=3",
                  "configargparse>=1.5", "GitPython>=3", "python-hostlist>=1.21", "PyYAML>=6"],
-        # NequIP models on the fused message passing (sparse_accumulation.nequip)
-        "nequip": ["nequip>=0.19"],
+        # NequIP and Allegro models on the library's kernels (sparse_accumulation.nequip, sparse_accumulation.allegro)
+        "nequip": ["nequip>=0.19", "nequip-allegro>=0.8"],
     },
     entry_points={"console_scripts": ["sparse-accumulation = sparse_accumulation.cli:main"],
-                  # NequIP imports these when it is imported: the model modifier enable_SparseAccumulation
+                  # NequIP imports these when it is imported: the model modifiers enable_SparseAccumulation and
+                  # (with Allegro) enable_SparseAccumulationContracter
                   "nequip.extension": ["init_always = sparse_accumulation.nequip.extension"]},
 )

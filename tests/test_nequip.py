@@ -1,8 +1,9 @@
-"""NequIP models with ``enable_SparseAccumulation`` (``sparse_accumulation.nequip``): the checks of
-``tests/nequip_suite/`` in a child pytest with NequIP's own fixtures (they change process-wide state: default
+"""NequIP models with ``enable_SparseAccumulation`` (``sparse_accumulation.nequip``) and Allegro models with
+``enable_SparseAccumulationContracter`` (``sparse_accumulation.allegro``): the checks of ``tests/nequip_suite/``
+in a child pytest with NequIP's own fixtures (they change process-wide state: default
 dtype, seeds, e3nn's and dynamo's settings), which never load into this suite's processes. The slow selection runs
-NequIP's model tests on one configuration in float64 and the modifier's checks; ``-m long`` runs every
-configuration and dtype."""
+NequIP's model tests on one configuration in float64 and the modifiers' checks; ``-m long`` runs every
+configuration (NequIP's and Allegro's) and dtype."""
 import importlib.util
 import os
 import subprocess
@@ -42,8 +43,15 @@ def test_the_modifier_against_unmodified_nequip_models(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("allegro") is None, reason="needs nequip-allegro")
+def test_the_allegro_modifier_against_unmodified_allegro_models(tmp_path):
+    _child_pytest(tmp_path, ["run_allegro_checks.py"])
+
+
+@pytest.mark.slow
 def test_nequips_own_model_tests_on_one_configuration(tmp_path):
-    _child_pytest(tmp_path, ["run_nequips_model_tests.py"], "16 and features and 3 and layers and float64")
+    _child_pytest(tmp_path, ["run_nequips_model_tests.py"],
+                  "TestNequIPOnSparseAccumulation and 16 and features and 3 and layers and float64")
 
 
 @pytest.mark.slow

@@ -54,8 +54,10 @@ E3NN_MODES = ("uvw", "uvu", "uvv", "uuw", "uuu", "uvuv", "uvu<v", "u<vw")
 SUPPORTED_MODES = E3NN_MODES
 IRREP_NORMALIZATIONS = ("component", "norm", "none")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-#: channels of the channel plan from which message passing on the CPU runs fused (below: per edge, faster there;
-#: measured with benchmarks/convolution.py at 2*10^4 edges, see benchmarks/RESULTS.md)
+#: channels of the channel plan from which message passing on the CPU runs fused in a call that records gradients
+#: (below: per edge, faster there forward and backward); a call that records none runs per edge below twice as
+#: many (its forward alone is faster per edge at 16 channels, the fused backward is what pays there). Measured
+#: with benchmarks/cpu_schedules.py at 2*10^4 edges, see benchmarks/RESULTS.md
 FUSED_MIN_CHANNELS = 16
 PATH_NORMALIZATIONS = ("element", "path", "none")
 
@@ -405,17 +407,23 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
         self._graph_rule = channel_rule(self._channel_plan, self.irreps_in2.dim)
         self._make_script_state()
 
+    def __setstate__(self, state) -> None:
+        super().__setstate__(state)
+        # a module pickled by an earlier version lacks the script state added since
+        self.__dict__.setdefault("_per_edge_on_cpu_without_gradients", self.channels < 2 * FUSED_MIN_CHANNELS)
+
     def _make_script_state(self) -> None:
         """What a scripted call reads in place of the plans (TorchScript types neither them nor the descriptors):
         the keys of the row rule (when its operands are e3nn's tensors themselves: one channel) and of the channel
         rule (None when nothing is computed), whether the rule is weighted and has a column of ones, whether
-        message passing on the CPU runs per edge (by :data:`FUSED_MIN_CHANNELS` when the module is made), and the
-        weights' columns that the row rule reads (None: all of them, in order)."""
+        message passing on the CPU runs per edge with and without gradients (by :data:`FUSED_MIN_CHANNELS` when the
+        module is made), and the weights' columns that the row rule reads (None: all of them, in order)."""
         row = self._row_plan
         self._row_key = row.rule.key if row.rule is not None and row.channels == 1 else None
         self._graph_key = None if self._graph_rule is None else self._graph_rule.key
         self._weighted = row.weights is not None
         self._per_edge_on_cpu = self.channels < FUSED_MIN_CHANNELS
+        self._per_edge_on_cpu_without_gradients = self.channels < 2 * FUSED_MIN_CHANNELS
         self._ones_column = row.weights is not None and row.weights.ones is not None
         columns = None
         if self._row_key is not None and row.weights is not None:
@@ -621,7 +629,8 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
         if implementation is None:
             implementation = self._implementation_on(x.device)
         if indices_1 is not None or indices_2 is not None or indices_out is not None or size_out is not None:
-            if self._per_edge_on(x.device, implementation):  # the per-edge product takes the caller's weights
+            recording = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, y, weight))
+            if self._per_edge_on(x.device, implementation, recording):  # the per-edge product takes given weights
                 return self._per_edge(x, y, given, indices_1, indices_2, indices_out, size_out, reduction,
                                       implementation)
             return self._message_passing(x, y, weight, indices_1, indices_2, indices_out, size_out, reduction,
@@ -698,11 +707,13 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
                                     None, implementation, weights_as_rows=True)
         return out.view(*lead, self._dims[2])
 
-    def _per_edge_on(self, device: torch.device, implementation: Optional[str]) -> bool:
-        """Whether message passing runs per edge here: on the CPU's numba kernels, where a channel plan of fewer
-        than :data:`FUSED_MIN_CHANNELS` channels makes the fused graph kernels slower than the row kernels on
-        gathered rows followed by a sum by destination."""
-        if device.type != "cpu" or self.channels >= FUSED_MIN_CHANNELS:
+    def _per_edge_on(self, device: torch.device, implementation: Optional[str], recording: bool) -> bool:
+        """Whether message passing runs per edge here: on the CPU's numba kernels, where the channel plan has
+        fewer channels than :data:`FUSED_MIN_CHANNELS` (twice as many in a call that records no gradient,
+        ``recording`` False): the fused graph kernels are slower there than the row kernels on gathered rows
+        followed by a sum by destination."""
+        limit = FUSED_MIN_CHANNELS if recording else 2 * FUSED_MIN_CHANNELS
+        if device.type != "cpu" or self.channels >= limit:
             return False
         return backends.resolved(implementation, device) == "numba"
 
@@ -777,7 +788,9 @@ class TensorProduct(ExactBuffers, torch.nn.Module):
             raise ValueError(f"with indices, x and y must be 2-D [rows, dim], got shapes {x.shape} and {y.shape}")
         if indices_out is not None and size_out is None:
             raise ValueError("size_out is required with indices_out")
-        if x.device.type == "cpu" and self._per_edge_on_cpu and implementation in ("auto", "numba"):
+        recording = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad or weight.requires_grad)
+        per_edge = self._per_edge_on_cpu if recording else self._per_edge_on_cpu_without_gradients
+        if x.device.type == "cpu" and per_edge and implementation in ("auto", "numba"):
             messages = self._scripted_product(x if indices_1 is None else x.index_select(0, indices_1),
                                               y if indices_2 is None else y.index_select(0, indices_2), weight,
                                               implementation)

@@ -36,8 +36,8 @@ def register() -> None:
         ImportError: nequip is not installed.
     """
     try:
-        from nequip.nn import model_modifier
         from nequip.nn._tp_scatter_base import TensorProductScatter
+        from nequip.nn.model_modifier_utils import model_modifier
     except ImportError as error:
         raise ImportError("sparse_accumulation.nequip needs nequip: pip install nequip") from error
     if MODIFIER in vars(TensorProductScatter):

@@ -67,25 +67,28 @@ def test_energies_forces_stress_and_training_gradients_equal_nequips(features):
         assert expected[2].abs().max() > 0
         _assert_close(_evaluate(modified, data), expected, 1e-10)
 
-    # a training step on energies and forces: the loss's gradient of every parameter (a double backward)
-    data = _crystal(5)
+    grads = assert_same_training_gradients(plain, modified, _crystal(5))
+    convolution_weights = [n for n in grads if "edge_mlp" in n]
+    assert convolution_weights and any(grads[n].abs().max() > 0 for n in convolution_weights)
+
+
+def assert_same_training_gradients(plain, modified, data) -> dict:
+    """The gradient of every parameter of a training step on energies and forces (a double backward) is the same
+    for both models (float64, 1e-10 relative); returns the plain model's by name."""
     grads = []
     for model in (plain, modified):
         model.train()
         out = model(data.copy())
         loss = out[AtomicDataDict.TOTAL_ENERGY_KEY].pow(2).sum() + out[AtomicDataDict.FORCE_KEY].pow(2).sum()
-        grads.append(dict(zip([n for n, _ in model.named_parameters()],
-                              torch.autograd.grad(loss, list(model.parameters()), allow_unused=True))))
+        names = [n for n, _ in model.named_parameters()]
+        grads.append(dict(zip(names, torch.autograd.grad(loss, list(model.parameters()), allow_unused=True))))
     assert grads[0].keys() == grads[1].keys()
-    convolution_weights = [n for n in grads[0] if "edge_mlp" in n]
-    assert convolution_weights
     for name, expected in grads[0].items():
         got = grads[1][name]
-        if expected is None:
-            assert got is None, name
-            continue
-        assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12 * max(1.0, float(expected.abs().max()))), name
-    assert any(grads[0][n].abs().max() > 0 for n in convolution_weights)
+        assert (got is None) == (expected is None), name
+        if expected is not None:
+            assert torch.allclose(got, expected, rtol=1e-10, atol=1e-12 * max(1.0, float(expected.abs().max()))), name
+    return grads[0]
 
 
 def test_state_dicts_are_nequips_both_ways():
@@ -103,9 +106,14 @@ def test_state_dicts_are_nequips_both_ways():
 def test_float32_models():
     plain = _model("float32")
     modified = sa_nequip.enable(copy.deepcopy(plain))
+    seen = []
+    for module in modified.modules():
+        if isinstance(module, SparseAccumulationTensorProductScatter):
+            module.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
     data = _crystal(3)
     got, expected = _evaluate(modified, data), _evaluate(plain, data)
-    assert [t.dtype for t in got] == [t.dtype for t in expected] and got[1].dtype == torch.float32
+    assert [t.dtype for t in got] == [t.dtype for t in expected]  # (NequIP's forces: float64 positions' gradients)
+    assert seen == [torch.float32] * 2  # the convolutions in the model's dtype
     _assert_close(got, expected, 1e-4)
 
 
@@ -122,23 +130,21 @@ def test_the_ways_to_apply_it():
         sa_nequip.enable(torch.nn.Linear(2, 2))
 
 
-def test_aotinductor_export_loads_and_equals_eager(tmp_path):
-    """What ``nequip-compile --mode aotinductor --target ase --modifiers enable_SparseAccumulation`` does after
-    loading a checkpoint: export with dynamic atoms and edges (NequIP's two symbolic traces at different sizes must
-    agree), compile, record the library to import, load, evaluate at the traced size and another."""
+def export_and_load(model, data, folder):
+    """``(compiled, input keys)``: what ``nequip-compile --mode aotinductor --target ase`` makes of ``model`` (after
+    loading a checkpoint and applying modifiers): exported with dynamic atoms and edges (NequIP's two symbolic
+    traces at different sizes must agree), compiled, with the library to import recorded, loaded."""
     from nequip.model.inference_models.aotinductor import load_aotinductor_model
     from nequip.scripts._compile_utils import COMPILE_TARGET_DICT
     from nequip.utils.aoti_metadata import embed_custom_ops_libs
     from nequip.utils.aot import aot_export_model
 
-    model = sa_nequip.enable(_model("float64"))
     model.eval()
     target = COMPILE_TARGET_DICT["ase"]
     batch_map = target["batch_map_settings"]({"graph": torch.export.Dim.STATIC,
                                               "node": torch.export.Dim("num_nodes", min=2),
                                               "edge": torch.export.Dim("num_edges", min=2)})
-    data = _crystal(4)
-    path = str(tmp_path / "model.nequip.pt2")
+    path = str(folder / "model.nequip.pt2")
     metadata = {**model.metadata, "nequip_aoti_inputs": " ".join(target["input"]),
                 "nequip_aoti_outputs": " ".join(target["output"])}
     aot_export_model(model=model, device="cpu", input_fields=target["input"], output_fields=target["output"],
@@ -146,10 +152,15 @@ def test_aotinductor_export_loads_and_equals_eager(tmp_path):
                      output_path=path, seed=1, inductor_configs={"aot_inductor.metadata": metadata})
     assert model.metadata.get("nequip_custom_ops_libs") == "sparse_accumulation"
     embed_custom_ops_libs(path, {"sparse_accumulation"})
-    compiled, _ = load_aotinductor_model(path, "cpu", target["input"], target["output"])
-    for d in (data, _crystal(6, atoms=24, side=7.0)):
+    return load_aotinductor_model(path, "cpu", target["input"], target["output"])[0], target["input"]
+
+
+def test_aotinductor_export_loads_and_equals_eager(tmp_path):
+    model = sa_nequip.enable(_model("float64"))
+    compiled, inputs = export_and_load(model, _crystal(4), tmp_path)
+    for d in (_crystal(4), _crystal(6, atoms=24, side=7.0)):
         expected = _evaluate(model, d)[:2]
-        out = compiled({k: d[k] for k in target["input"]})
+        out = compiled({k: d[k] for k in inputs})
         _assert_close([out[AtomicDataDict.TOTAL_ENERGY_KEY], out[AtomicDataDict.FORCE_KEY]], expected, 1e-10)
 
 

@@ -1,6 +1,7 @@
 """NequIP's own model tests (``EnergyModelTestsMixin``: equivariance, batching, numeric gradients, partial forces,
 smoothness, isolated atoms, periodic images) on NequIP models built by NequIP's constructor and modified with
-``enable_SparseAccumulation``, plus their energies and forces against the unmodified model of the same state.
+``enable_SparseAccumulation``, and on Allegro models modified with ``enable_SparseAccumulationContracter``, plus
+their energies and forces against the unmodified model of the same state.
 Run by ``tests/test_nequip.py`` in a child pytest (NequIP's fixtures change process-wide state)."""
 import copy
 
@@ -10,6 +11,8 @@ from nequip.data import AtomicDataDict
 from nequip.model import modify
 from nequip.utils.unittests.model_tests_basic import EnergyModelTestsMixin
 
+from sparse_accumulation.allegro import MODIFIER as ALLEGRO_MODIFIER
+from sparse_accumulation.allegro.contracter import SparseAccumulationContracter
 from sparse_accumulation.nequip import MODIFIER
 from sparse_accumulation.nequip.convolution import SparseAccumulationTensorProductScatter
 
@@ -39,11 +42,13 @@ class TestNequIPOnSparseAccumulation(EnergyModelTestsMixin):
     def config(cls, request):
         return copy.deepcopy(CONFIGS[request.param])
 
-    @staticmethod
-    def make_model(model_config, device):
-        model = EnergyModelTestsMixin.make_model(model_config, device)
-        model = modify(model, [{"modifier": MODIFIER}])
-        assert any(isinstance(m, SparseAccumulationTensorProductScatter) for m in model.modules())
+    #: the modifier applied, and the module it puts in the model
+    MODIFIER, REPLACEMENT = MODIFIER, SparseAccumulationTensorProductScatter
+
+    @classmethod
+    def make_model(cls, model_config, device):
+        model = modify(EnergyModelTestsMixin.make_model(model_config, device), [{"modifier": cls.MODIFIER}])
+        assert any(isinstance(m, cls.REPLACEMENT) for m in model.modules())
         return model
 
     def test_equals_the_unmodified_model(self, model, model_test_data, device, model_dtype):
@@ -54,3 +59,26 @@ class TestNequIPOnSparseAccumulation(EnergyModelTestsMixin):
         ours, theirs = modified(model_test_data.copy()), plain(model_test_data.copy())
         for key in (AtomicDataDict.TOTAL_ENERGY_KEY, AtomicDataDict.FORCE_KEY):
             assert torch.allclose(ours[key], theirs[key], rtol=tolerance, atol=tolerance), key
+
+
+_ALLEGRO = {"_target_": "allegro.model.AllegroModel", "seed": 123, "type_names": _SPECIES, "r_max": 4.0,
+            "avg_num_neighbors": 20, "per_type_energy_shifts": {"H": 3.45, "C": 5.67, "O": 7.89}, "l_max": 2,
+            "parity": True, "radial_chemical_embed": {"_target_": "allegro.nn.TwoBodyBesselScalarEmbed",
+                                                      "num_bessels": 8},
+            "radial_chemical_embed_dim": 16, "scalar_embed_mlp_hidden_layers_depth": 1,
+            "scalar_embed_mlp_hidden_layers_width": 16, "num_scalar_features": 16,
+            "allegro_mlp_hidden_layers_depth": 1, "allegro_mlp_hidden_layers_width": 16,
+            "readout_mlp_hidden_layers_depth": 1, "readout_mlp_hidden_layers_width": 16}
+#: Allegro with coupled channels and paths over 2 layers, and uncoupled over 3 (two contractions replaced)
+ALLEGRO_CONFIGS = {"Allegro, 2 layers": dict(num_layers=2, num_tensor_features=8, **_ALLEGRO),
+                   "Allegro, 3 layers, uncoupled": dict(num_layers=3, num_tensor_features=4,
+                                                        tp_path_channel_coupling=False, **_ALLEGRO)}
+
+
+class TestAllegroOnSparseAccumulation(TestNequIPOnSparseAccumulation):
+    @pytest.fixture(params=list(ALLEGRO_CONFIGS), scope="class")
+    @classmethod
+    def config(cls, request):
+        return copy.deepcopy(ALLEGRO_CONFIGS[request.param])
+
+    MODIFIER, REPLACEMENT = ALLEGRO_MODIFIER, SparseAccumulationContracter

@@ -93,13 +93,14 @@ def test_kernel_module_finds_each_operations_kernels_and_refuses_what_it_lacks()
 
 
 def test_integrations_reach_kernels_only_through_the_lookup():
-    """e3nn/, mace/, hippynn/, bench/, export.py and warmup.py import no backend folder (kernels/numba, triton,
-    torch): they go through the ops or backends.kernel_module."""
+    """e3nn/, mace/, hippynn/, nequip/, allegro/, bench/, export.py and warmup.py import no backend folder
+    (kernels/numba, triton, torch): they go through the ops or backends.kernel_module."""
     import ast
     import pathlib
 
     package = pathlib.Path(sa.__file__).parent
-    files = [p for folder in ("e3nn", "mace", "hippynn", "bench") for p in (package / folder).glob("*.py")]
+    folders = ("e3nn", "mace", "hippynn", "nequip", "allegro", "bench")
+    files = [p for folder in folders for p in (package / folder).glob("*.py")]
     files += [package / "export.py", package / "warmup.py"]
     for path in files:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):

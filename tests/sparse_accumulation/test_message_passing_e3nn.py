@@ -149,27 +149,31 @@ def test_bad_keywords_raise_clear_errors(generator, schedule):
         ours(x, Y, W, indices_1=src, indices_out=dst, size_out=5, reduction="bogus")
 
 
-def test_the_schedule_follows_the_channel_count(monkeypatch):
-    """Small channel plans run per edge on the numba kernels, others fused; the fused path is never taken by a
-    small plan on numba, nor the per-edge one on other implementations."""
+def test_the_schedule_follows_the_channel_count_and_the_gradients(monkeypatch):
+    """On the numba kernels, plans of fewer channels than FUSED_MIN_CHANNELS run per edge, of twice as many or
+    more fused; in between, per edge in a call that records no gradient, fused in one that does. The per-edge path
+    is never taken on other implementations."""
     from sparse_accumulation.e3nn import tensor_product
 
     calls = []
     monkeypatch.setattr(TensorProduct, "_message_passing", lambda self, *a, **k: calls.append("fused") or
                         torch.zeros(0))
     monkeypatch.setattr(TensorProduct, "_per_edge", lambda self, *a, **k: calls.append("per edge") or torch.zeros(0))
-    small = TensorProduct("4x0e", "0e", "4x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
-                          internal_weights=False, implementation="numba")
-    large = TensorProduct("32x0e", "0e", "32x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
-                          internal_weights=False, implementation="numba")
-    portable = TensorProduct("4x0e", "0e", "4x0e", [(0, 0, 0, "uvu", True)], shared_weights=False,
-                             internal_weights=False, implementation="torch")
-    assert small.channels < tensor_product.FUSED_MIN_CHANNELS <= large.channels
+
+    def module(channels, implementation="numba"):
+        return TensorProduct(f"{channels}x0e", "0e", f"{channels}x0e", [(0, 0, 0, "uvu", True)],
+                             shared_weights=False, internal_weights=False, implementation=implementation)
+
+    limit = tensor_product.FUSED_MIN_CHANNELS
+    small, middle, large, portable = module(limit // 2), module(limit), module(2 * limit), module(limit // 2, "torch")
     index = torch.zeros(3, dtype=torch.int64)
-    for module in (small, large, portable):
-        x, y = torch.randn(2, module.irreps_in1.dim), torch.randn(3, 1)
-        module(x, y, torch.randn(3, module.weight_numel), indices_1=index, indices_out=index, size_out=2)
-    assert calls == ["per edge", "fused", "fused"]
+    for m in (small, middle, large, portable):
+        for recording in (False, True):
+            x, y = torch.randn(2, m.irreps_in1.dim, requires_grad=recording), torch.randn(3, 1)
+            m(x, y, torch.randn(3, m.weight_numel), indices_1=index, indices_out=index, size_out=2)
+    with torch.no_grad():
+        middle(x, y, torch.randn(3, middle.weight_numel), indices_1=index, indices_out=index, size_out=2)
+    assert calls == ["per edge", "per edge", "per edge", "fused", "fused", "fused", "fused", "fused", "per edge"]
 
 
 @pytest.mark.parametrize("weights", ["unweighted", "unweighted, per-row", "internal"])

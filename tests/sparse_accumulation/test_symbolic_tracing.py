@@ -25,8 +25,9 @@ def _layer(irreps, dtype):
 
 
 @pytest.mark.parametrize("forces", [False, True], ids=["energy", "forces"])
-@pytest.mark.parametrize("irreps", ["16x0e+16x1o", "4x0e+4x1o"], ids=["fused", "per edge on the CPU"])
-def test_one_graph_for_every_size(generator, forces, irreps):
+@pytest.mark.parametrize("irreps,fused", [("32x0e+32x1o", True), ("4x0e+4x1o", False)],
+                         ids=["fused", "per edge on the CPU"])
+def test_one_graph_for_every_size(generator, forces, irreps, fused):
     tp = _layer(irreps, torch.float64)
 
     def energy(x, sh, weight, edge_index):
@@ -47,7 +48,7 @@ def test_one_graph_for_every_size(generator, forces, irreps):
         traced = make_fx(energy, tracing_mode="symbolic", _allow_non_fake_inputs=True,
                          _error_on_data_dependent_ops=True)(*inputs(nodes, edges))
         codes.append(traced.code)
-        assert ("graph_accumulate" in traced.code) == (tp.channels >= 16)
+        assert ("graph_accumulate" in traced.code) == fused
         values = inputs(nodes + 3, edges + 5)
         assert torch.allclose(traced(*values), energy(*values), rtol=1e-12, atol=1e-12)
     assert codes[0] == codes[1]
