@@ -172,6 +172,7 @@ def test_the_schedule_follows_the_channel_count_and_the_gradients(monkeypatch):
             x, y = torch.randn(2, m.irreps_in1.dim, requires_grad=recording), torch.randn(3, 1)
             m(x, y, torch.randn(3, m.weight_numel), indices_1=index, indices_out=index, size_out=2)
     with torch.no_grad():
+        x = torch.randn(2, middle.irreps_in1.dim, requires_grad=True)
         middle(x, y, torch.randn(3, middle.weight_numel), indices_1=index, indices_out=index, size_out=2)
     assert calls == ["per edge", "per edge", "per edge", "fused", "fused", "fused", "fused", "fused", "per edge"]
 

@@ -29,7 +29,7 @@ from ...kernels import SEGMENT
 from ..dispatch import eager_applies
 from . import eager, registered
 
-__all__ = ["accumulate_graph", "message_indices", "gather_rows", "sum_messages", "checked_reduction", "REDUCTIONS"]
+__all__ = ["accumulate_graph", "message_indices", "checked_reduction", "REDUCTIONS"]
 
 REDUCTIONS = registered.REDUCTIONS
 _SLOT_NAMES = ("indices_1", "indices_2", "indices_w", "indices_out")
@@ -137,10 +137,9 @@ def _graph_arguments(operands, given, size_out, names=_OPERAND_NAMES) -> tuple:
 
 
 def message_indices(x, y, indices_1, indices_2, indices_out, size_out, reduction=None) -> tuple:
-    """The row indices of ``x``, ``y`` and the output of a message-passing call of two 2-D operands that gathers
-    rows (:func:`gather_rows`) and sums them by ``indices_out`` (:func:`sum_messages`) outside the kernels:
-    checked and prepared (None where not given), with the checks and errors of :func:`accumulate_graph`
-    (``reduction`` checked too, though such a sum has one way only).
+    """The checked row indices (int64 tensors, or None where not given) of a message-passing call of two 2-D
+    operands ``x`` and ``y`` that gathers rows and sums them by ``indices_out`` outside the kernels: the checks
+    and errors of :func:`accumulate_graph` (``reduction`` checked too, though such a sum has one way only).
 
     Raises:
         TypeError, ValueError, IndexError: as :func:`accumulate_graph`.
@@ -151,29 +150,8 @@ def message_indices(x, y, indices_1, indices_2, indices_out, size_out, reduction
             raise ValueError(f"with indices, {name} must be 2-D [rows, dim], got shape {tuple(t.shape)}")
     _, _, prepared = _graph_arguments([x, y, None], (indices_1, indices_2, None, indices_out), size_out,
                                       ("x", "y", "weight"))
-    return prepared[0], prepared[1], prepared[3]
-
-
-def gather_rows(rows: torch.Tensor, index, implementation) -> torch.Tensor:
-    """``rows[index]`` for an index :func:`message_indices` prepared (``rows`` when it is None). In plain eager
-    calls its gradient sums by the index's segments on the graph kernels of ``implementation`` (see
-    :func:`sum_messages`); elsewhere it is ``index_select``'s."""
-    if index is None:
-        return rows
-    if isinstance(index, Index) and eager_applies(rows):
-        return eager.gather_rows(rows, index, backends.resolved(implementation, rows.device))
-    return rows.index_select(0, index.tensor if isinstance(index, Index) else index)
-
-
-def sum_messages(messages: torch.Tensor, index_out, size_out: int, implementation) -> torch.Tensor:
-    """``out[index_out[e]] += messages[e]``: ``[size_out, width]`` from ``messages [edges, width]`` and the output
-    index :func:`message_indices` prepared. In plain eager calls the graph kernels of ``implementation`` sum each
-    output row's messages in order (deterministic; on the CPU a few times faster than ``index_add``); under
-    ``torch.compile``, ``torch.export`` and dispatch modes, ``index_add``."""
-    if isinstance(index_out, Index) and eager_applies(messages):
-        return eager.sum_by_row(messages, index_out, backends.resolved(implementation, messages.device))
-    index = index_out.tensor if isinstance(index_out, Index) else index_out
-    return messages.new_zeros(size_out, messages.shape[-1]).index_add(0, index, messages)
+    found = [p.tensor if isinstance(p, Index) else p for p in prepared]
+    return found[0], found[1], found[3]
 
 
 @torch.compiler.assume_constant_result
