@@ -4,14 +4,16 @@ that decides between them.
     python benchmarks/cpu_schedules.py --json benchmarks/cpu_schedules.json
 
 On the numba kernels, ``TensorProduct(x, Y, W, indices_1=src, indices_out=dst, size_out=nodes)`` runs either the
-fused graph kernels (``graph``) or per edge (``per-edge``: the row kernels on the gathered rows, then the sum by
-destination on the graph kernels' segment sum), chosen by the module's channel count
-(``sparse_accumulation.e3nn.tensor_product.FUSED_MIN_CHANNELS``). Here both are forced for each layer of
-``--irreps`` (the NequIP layer of ``convolution.py``: "uvu" paths with harmonics up to ``--sh-lmax``, ``--edges``
-random sources, sorted destinations, float32) and timed beside ``unfused`` (``index_add(dst, tp(x[src], Y, W))``)
-in the three modes of ``convolution.py`` and ``no-grad`` (the forward under ``torch.no_grad``: inference of
-energies alone, where the module runs per edge up to twice as many channels). The variants of a mode run in alternating rounds, one step each per
-round, and the median per variant is reported: a small machine's drift then falls on all three alike.
+fused graph kernels (``graph``) or per edge (``per-edge``: the row kernels on rows gathered by ``index_select``,
+then ``index_add`` by destination), chosen by the module's channel count
+(``sparse_accumulation.e3nn.tensor_product.FUSED_MIN_CHANNELS``) and whether the call records gradients. Here
+both are forced for each layer of ``--irreps`` (the NequIP layer of ``convolution.py``: "uvu" paths with harmonics
+up to ``--sh-lmax``, ``--edges`` random sources, sorted destinations, float32) and timed beside ``unfused``
+(``index_add(dst, tp(x[src], Y, W))``) in the three modes of ``convolution.py`` and ``no-grad`` (the forward under
+``torch.no_grad``: inference of energies alone, where the module runs per edge up to twice as many channels). The
+variants of a mode run in rounds, one step each per round in an order rotated from round to round, and the median
+per variant is reported: a small machine's drift, and what one variant leaves behind for the next, fall on all
+three alike.
 ``chosen``: the schedule the module picks, and its time over the unfused layer's.
 """
 from __future__ import annotations
@@ -75,8 +77,10 @@ def main(argv=None):
                     steps[v] = (torch.no_grad()(lambda f=f: f(x, Y, W)) if mode == "no-grad"
                                 else make_step(f, mode, (x, Y, W), G))
                 samples = {v: [] for v in FORCED}
+                names = list(steps)
                 for round_ in range(args.rounds + 1):  # the first round warms up
-                    for variant, step in steps.items():
+                    for variant in names[round_ % len(names):] + names[:round_ % len(names)]:
+                        step = steps[variant]
                         if FORCED[variant] is not None:
                             tensor_product.FUSED_MIN_CHANNELS = FORCED[variant]
                         start = time.perf_counter()

@@ -116,6 +116,18 @@ def make_data(crystal, r_max: float, device) -> dict:
     return {k: v.to(device) if torch.is_tensor(v) else v for k, v in data.items()}
 
 
+def _model_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("nequip", "nequip-allegro"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
 def _step(model, data, mode: str):
     from nequip.data import AtomicDataDict
 
@@ -186,7 +198,8 @@ def main(argv=None):
 
     meta = {"command": "python benchmarks/nequip_model.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-            "threads": torch.get_num_threads(), "versions": versions(), "model": args.model, "dtype": args.dtype,
+            "threads": torch.get_num_threads(), "versions": {**versions(), **_model_versions()},
+            "model": args.model, "dtype": args.dtype,
             "layers": args.layers,
             "l_max": args.l_max, "r_max": args.r_max}
     print(json.dumps(meta), flush=True)
