@@ -9,9 +9,9 @@ molecular-dynamics step's model call) and a training step, on a periodic crystal
 The model: NequIP's ``NequIPGNNModel`` (nequip 0.19) built with its own constructor, random weights:
 ``--layers`` convolution layers of ``--features`` features, spherical harmonics up to ``--l-max``, one element
 (silicon), ``r_max`` ``--r-max``; with ``--model allegro``, Allegro's ``AllegroModel`` (nequip-allegro 0.8) of
-``--layers`` layers, ``--features`` tensor features, 64 scalar features and MLPs of width 64. The crystal: diamond silicon (a = 5.43 Angstrom), ``k^3`` cubic cells of 8 atoms
-with ``k`` the cube root of ``--atoms / 8`` rounded, positions jittered; its graph made by NequIP's data pipeline
-(``from_ase``, its neighbour list).
+``--layers`` layers, ``--features`` tensor features, 64 scalar features and MLPs of width 64. The crystal:
+diamond silicon (a = 5.43 Angstrom), ``k^3`` cubic cells of 8 atoms with ``k`` the cube root of ``--atoms / 8``
+rounded, positions jittered; its graph made by NequIP's data pipeline (``from_ase``, its neighbour list).
 
 Variants: ``built`` (the model as built), ``ours`` (``enable_SparseAccumulation``, :mod:`sparse_accumulation.nequip`;
 for Allegro ``enable_SparseAccumulationContracter``, :mod:`sparse_accumulation.allegro`), ``cueq`` and ``oeq``
@@ -236,8 +236,8 @@ def main(argv=None):
                     rows.append({"variant": variant, "mode": mode, **size, **result,
                                  "check_float64": errors[variant]})
                     found[variant] = result
-                    shown = (f"{result['ms']:10.2f} ms (median of {result['samples']})  peak {result['peak_mb']:8.1f} MB"
-                             if "ms" in result else result["error"])
+                    shown = (f"{result['ms']:10.2f} ms (median of {result['samples']})  "
+                             f"peak {result['peak_mb']:8.1f} MB" if "ms" in result else result["error"])
                     print(f"  {mode:>6} {variant:>7}: {shown}", flush=True)
                     synchronize(device)
                 if "ms" in found.get("ours", {}):

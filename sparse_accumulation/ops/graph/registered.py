@@ -117,8 +117,8 @@ def _fake_outputs(tensors, C, crule, outputs, rows):
 # opaque kernel op: every implementation but Triton-on-CUDA, inside the triton_op
 _library = torch.library.Library(_NAMESPACE, "FRAGMENT")
 _library.define("kernel_graph_accumulate(Tensor? X1, Tensor? X2, Tensor? W, Tensor? T, Tensor C, "
-                "Tensor?[] indices, Tensor?[] offsets, Tensor?[] orders, str crule, SymInt[] outputs, SymInt[] rows, "
-                "SymInt edges, str implementation, str reduction) -> Tensor[]")
+                "Tensor?[] indices, Tensor?[] offsets, Tensor?[] orders, str crule, SymInt[] outputs, "
+                "SymInt[] rows, SymInt edges, str implementation, str reduction) -> Tensor[]")
 
 
 def _kernel_graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges,
