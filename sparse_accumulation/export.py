@@ -97,8 +97,8 @@ def _graph_accumulate(X1, X2, W, T, C, indices, offsets, orders, crule, outputs,
     del implementation
     from .ops.graph.registered import run
 
-    return run(backends.kernel_module("graph", "torch"), [X1, X2, W, T], C, indices, offsets, orders, crule, outputs, rows, edges, reduction,
-               False)
+    return run(backends.kernel_module("graph", "torch"), [X1, X2, W, T], C, indices, offsets, orders, crule, outputs,
+               rows, edges, reduction, False)
 
 
 def _graph_coefficient_sums(X1, X2, W, T, indices, crule, edges, implementation):

@@ -51,8 +51,8 @@ def _kernel_reason(name: str, device: torch.device) -> tuple:
         needs = {"numba": "a CPU device", "triton": "a CUDA device (or TRITON_INTERPRET=1 on CPU)"}[name]
         return "skipped", f"needs {needs}"
     # the package itself first: the Triton kernel modules import without triton (they report it unavailable)
-    for module in (name,) + tuple(f"sparse_accumulation.kernels.{name}.{op}" for op, kernels in backends.KERNELS_OF.items()
-                          if name in kernels):
+    operations = [op for op, kernels in backends.KERNELS_OF.items() if name in kernels]
+    for module in (name,) + tuple(f"sparse_accumulation.kernels.{name}.{op}" for op in operations):
         try:
             importlib.import_module(module)
         except Exception as error:  # noqa: BLE001 - the point is to report it
