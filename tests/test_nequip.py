@@ -58,3 +58,9 @@ def test_nequips_own_model_tests_on_one_configuration(tmp_path):
 @pytest.mark.long
 def test_nequips_own_model_tests_on_every_configuration(tmp_path):
     _child_pytest(tmp_path, ["run_nequips_model_tests.py"])
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_nequips_train_time_compile_of_a_modified_model(tmp_path):
+    _child_pytest(tmp_path, ["run_compile_checks.py"])
