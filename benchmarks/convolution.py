@@ -218,6 +218,26 @@ def kernel_profile(step, device, rows: int = 12) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
+def measure_step(step, device, repeats: int, max_seconds: float) -> dict:
+    """Median time and peak memory of a whole model's ``step`` after two warm-up calls (at most ``repeats``
+    samples, fewer past ``max_seconds``), or ``{"error": "out of memory"}``."""
+    try:
+        for _ in range(2):
+            step()
+        deadline = time.perf_counter() + max_seconds
+        samples = [elapsed_ms(step, device)]
+        while len(samples) < repeats and time.perf_counter() < deadline:
+            samples.append(elapsed_ms(step, device))
+        memory = peak_mb(step, device)
+    except torch.OutOfMemoryError:
+        return {"error": "out of memory"}
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"ms": statistics.median(samples), "samples": len(samples), "peak_mb": memory}
+
+
 def time_step(step, device, repeats: int, max_seconds: float) -> float:
     step()
     step()

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -44,8 +42,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from convolution import peak_mb  # noqa: E402
-from sparse_accumulation.bench.timing import elapsed_ms, synchronize, compiled_kernels_only  # noqa: E402
+from convolution import measure_step  # noqa: E402
+from sparse_accumulation.bench.timing import synchronize, compiled_kernels_only  # noqa: E402
 from sparse_accumulation.mace import accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
@@ -211,25 +209,6 @@ def compare(model, reference, batch, mode) -> float:
                for a, b in zip(outputs(model), outputs(reference), strict=True))
 
 
-def _measure(step, device, repeats: int, max_seconds: float) -> dict:
-    """Median step time and peak memory of ``step``, or ``{"error": "out of memory"}``."""
-    try:
-        for _ in range(2):  # first calls: kernels loaded, elements sorted, MACE's einsum paths found
-            step()
-        deadline = time.perf_counter() + max_seconds
-        samples = [elapsed_ms(step, device)]
-        while len(samples) < repeats and time.perf_counter() < deadline:
-            samples.append(elapsed_ms(step, device))
-        memory = peak_mb(step, device)
-    except torch.OutOfMemoryError:
-        return {"error": "out of memory"}
-    finally:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return {"ms": statistics.median(samples), "samples": len(samples), "peak_mb": memory}
-
-
 def main(argv=None):
     compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -315,7 +294,7 @@ def main(argv=None):
                     synchronize(device)
                     first = round(time.perf_counter() - start, 1)
                     difference = compare(models[variant], models[COMPILED[variant]], batch, mode)
-                result = _measure(lambda: _step(models[variant], batch, mode), device, repeats, args.max_seconds)
+                result = measure_step(lambda: _step(models[variant], batch, mode), device, repeats, args.max_seconds)
                 if first is not None:
                     result.update(first_call_s=first, difference_to_eager=difference)
                 rows.append({"variant": variant, "mode": mode, **size, **result})

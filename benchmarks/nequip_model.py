@@ -27,12 +27,9 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 import torch
@@ -41,8 +38,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
 
-from convolution import peak_mb  # noqa: E402
-from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, synchronize  # noqa: E402
+from convolution import measure_step  # noqa: E402
+from sparse_accumulation.bench.timing import compiled_kernels_only, synchronize  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
 VARIANTS = ("built", "ours", "cueq", "oeq", "triton")
@@ -150,25 +147,6 @@ def check(model, reference, data) -> float:
     return max(((got[k] - expected[k]).abs().max() / expected[k].abs().max()).item() for k in keys)
 
 
-def _measure(step, device, repeats: int, max_seconds: float) -> dict:
-    """Median step time and peak memory of ``step``, or ``{"error": "out of memory"}``."""
-    try:
-        for _ in range(2):
-            step()
-        deadline = time.perf_counter() + max_seconds
-        samples = [elapsed_ms(step, device)]
-        while len(samples) < repeats and time.perf_counter() < deadline:
-            samples.append(elapsed_ms(step, device))
-        memory = peak_mb(step, device)
-    except torch.OutOfMemoryError:
-        return {"error": "out of memory"}
-    finally:
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    return {"ms": statistics.median(samples), "samples": len(samples), "peak_mb": memory}
-
-
 def main(argv=None):
     compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,7 +210,7 @@ def main(argv=None):
                     if mode == "train" and variant == "triton":
                         continue  # inference only (no double backward)
                     model.train(mode == "train")
-                    result = _measure(lambda: _step(model, data, mode), device, repeats, args.max_seconds)
+                    result = measure_step(lambda: _step(model, data, mode), device, repeats, args.max_seconds)
                     rows.append({"variant": variant, "mode": mode, **size, **result,
                                  "check_float64": errors[variant]})
                     found[variant] = result

@@ -18,6 +18,8 @@ installed.
 """
 from __future__ import annotations
 
+from ..nequip import attach_modifier, replace_every
+
 MODIFIER = "enable_SparseAccumulationContracter"
 
 __all__ = ["enable", "register", "MODIFIER"]
@@ -31,11 +33,8 @@ def register() -> None:
     """
     try:
         from allegro.nn._strided._contract import Contracter
-        from nequip.nn.model_modifier_utils import model_modifier
     except ImportError as error:
         raise ImportError("sparse_accumulation.allegro needs Allegro: pip install nequip-allegro") from error
-    if MODIFIER in vars(Contracter):
-        return
 
     def enable_SparseAccumulationContracter(cls, model):
         """Compute Allegro's tensor products with sparse_accumulation's kernels, on the CPU and on CUDA, for
@@ -44,9 +43,7 @@ def register() -> None:
 
         return replace(model, cls)
 
-    modifier = model_modifier(persistent=False, private=False, unsupported_devices=[],
-                              supported_compile_modes=["aotinductor"])(classmethod(enable_SparseAccumulationContracter))
-    setattr(Contracter, MODIFIER, modifier)
+    attach_modifier(Contracter, MODIFIER, enable_SparseAccumulationContracter)
 
 
 def enable(model):
@@ -61,6 +58,4 @@ def enable(model):
     register()
     from .contracter import Contracter, replace
 
-    if not any(isinstance(m, Contracter) for m in model.modules()):
-        raise ValueError(f"model holds no Allegro Contracter to replace (a {type(model).__name__})")
-    return replace(model, Contracter)
+    return replace_every(model, Contracter, replace, "Allegro Contracter")

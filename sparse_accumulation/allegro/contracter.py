@@ -1,7 +1,6 @@
 """Allegro's ``Contracter`` on sparse accumulation: imports Allegro."""
 from __future__ import annotations
 
-import torch
 from allegro.nn._strided._contract import Contracter
 from nequip.nn import replace_submodules
 from nequip.utils.dtype import torch_default_dtype

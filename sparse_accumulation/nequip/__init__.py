@@ -37,11 +37,8 @@ def register() -> None:
     """
     try:
         from nequip.nn._tp_scatter_base import TensorProductScatter
-        from nequip.nn.model_modifier_utils import model_modifier
     except ImportError as error:
         raise ImportError("sparse_accumulation.nequip needs nequip: pip install nequip") from error
-    if MODIFIER in vars(TensorProductScatter):
-        return
 
     def enable_SparseAccumulation(cls, model):
         """Compute NequIP's convolutions (tensor product and scatter) with sparse_accumulation's fused message
@@ -50,9 +47,7 @@ def register() -> None:
 
         return replace(model, cls)
 
-    modifier = model_modifier(persistent=False, private=False, unsupported_devices=[],
-                              supported_compile_modes=["aotinductor"])(classmethod(enable_SparseAccumulation))
-    setattr(TensorProductScatter, MODIFIER, modifier)
+    attach_modifier(TensorProductScatter, MODIFIER, enable_SparseAccumulation)
 
 
 def enable(model):
@@ -65,8 +60,23 @@ def enable(model):
         ValueError: ``model`` holds no NequIP convolution.
     """
     register()
-    from .convolution import replace, scatter_class
+    from .convolution import TensorProductScatter, replace
 
-    if not any(isinstance(m, scatter_class()) for m in model.modules()):
-        raise ValueError(f"model holds no NequIP TensorProductScatter to replace (a {type(model).__name__})")
-    return replace(model, scatter_class())
+    return replace_every(model, TensorProductScatter, replace, "NequIP TensorProductScatter")
+
+
+def attach_modifier(cls, name: str, method) -> None:
+    """``method(cls, model)`` as the NequIP model modifier ``name`` of ``cls`` (idempotent): not persistent (named
+    again where a model is compiled or deployed, as NequIP's own accelerations), on every device, for AOTInductor."""
+    from nequip.nn.model_modifier_utils import model_modifier
+
+    if name not in vars(cls):
+        setattr(cls, name, model_modifier(persistent=False, private=False, unsupported_devices=[],
+                                          supported_compile_modes=["aotinductor"])(classmethod(method)))
+
+
+def replace_every(model, cls, replace, what: str):
+    """``replace(model, cls)``, or ValueError naming ``what`` where ``model`` holds no module of class ``cls``."""
+    if not any(isinstance(m, cls) for m in model.modules()):
+        raise ValueError(f"model holds no {what} to replace (a {type(model).__name__})")
+    return replace(model, cls)

@@ -8,10 +8,7 @@ from nequip.utils.dtype import torch_default_dtype
 
 from ..e3nn.tensor_product import TensorProduct
 
-
-def scatter_class():
-    """NequIP's ``TensorProductScatter``."""
-    return TensorProductScatter
+__all__ = ["TensorProductScatter", "SparseAccumulationTensorProductScatter", "replace"]
 
 
 class SparseAccumulationTensorProductScatter(TensorProductScatter):
