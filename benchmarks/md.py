@@ -4,6 +4,7 @@ calculator, for MACE, MACE + cuEquivariance and this library, eager and replayed
     python benchmarks/md.py --device cuda --atoms 64 216 512 4096 10648 --steps 1000 --json md_h200.json
     python benchmarks/md.py --device cpu --atoms 64 --steps 20 --variants mace,ours-eager,ours --channels 16
     python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants cueq-captured,ours --profile 25
+    python benchmarks/md.py --device cuda --atoms 64 512 4096 --steps 0 --variants cueq-captured,ours --train
 
 The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor as in
 ``benchmarks/mace_model.py`` (``--channels`` x (0e + 1o), spherical harmonics up to 3, correlation 3, two residual
@@ -22,7 +23,9 @@ CUDA events around each; on the CPU the host clock) on MACE's batch of the cryst
 before; ``steps/s`` of ``--steps`` NVE steps (after 3) through ``mace.calculators.MACECalculator(models=...)``,
 which computes energy, forces and stress each step and builds its neighbour list on the host; ``drift``: the
 largest change of the total energy per atom over them (eV); ``peak MB``: the device memory the run peaked at above
-what was allocated before it (CUDA only). Float32 as MACE's calculator runs it (``--dtype``).
+what was allocated before it (CUDA only); with ``--train``, the replayed variants' models' training step (energies
+and forces, the loss ``sum E^2 + sum F^2``, its backward into the parameters) eager and captured by hand into one
+CUDA graph. Float32 as MACE's calculator runs it (``--dtype``).
 """
 from __future__ import annotations
 
@@ -88,9 +91,40 @@ def call_ms(model, batch, device, repeats: int) -> float:
     return statistics.median(elapsed_ms(step, device) for _ in range(repeats))
 
 
+def train_step_ms(model, batch, device, repeats: int) -> dict:
+    """A training step (energies and forces of ``model``, the loss ``sum E^2 + sum F^2``, its backward into the
+    parameters' gradients) on CUDA: eager, and captured by hand into one CUDA graph (after warm-up steps on a
+    side stream, as torch asks) and replayed; medians in ms."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    static = dict(batch)
+
+    def step():
+        out = model(static, training=True, compute_force=True)
+        (out["energy"].pow(2).sum() + out["forces"].pow(2).sum()).backward()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    eager = statistics.median(elapsed_ms(step, device) for _ in range(repeats))
+    for p in params:
+        p.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    replayed = statistics.median(elapsed_ms(graph.replay, device) for _ in range(repeats))
+    del graph
+    for p in params:
+        p.grad = None
+    return {"train_eager_ms": eager, "train_replayed_ms": replayed}
+
+
 def kernel_profile(model, batch, top: int) -> dict:
     """The GPU kernels of one forces call (after warm-up; a CapturedModel's replay is one graph launch whose
-    kernels the profiler lists): their count and time, and the ``top`` kernels by time (name, calls, us)."""
+    kernels the profiler lists): their count and time, the ``top`` kernels by time (name, calls, us) and every
+    kernel (the same triples, kept in the JSON)."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -103,7 +137,8 @@ def kernel_profile(model, batch, top: int) -> dict:
     kernels.sort(key=lambda e: -e.self_device_time_total)
     return {"kernel_calls": sum(e.count for e in kernels),
             "kernel_us": sum(e.self_device_time_total for e in kernels),
-            "top": [(e.key[:120], e.count, round(e.self_device_time_total, 1)) for e in kernels[:top]]}
+            "top": [(e.key[:120], e.count, round(e.self_device_time_total, 1)) for e in kernels[:top]],
+            "kernels": [(e.key[:200], e.count, round(e.self_device_time_total, 2)) for e in kernels]}
 
 
 def run_md(model, crystal, device, dtype, steps: int) -> dict:
@@ -145,6 +180,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=50, help="forces calls timed per variant and size")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="CUDA: also list the kernels of one forces call, the N longest (torch.profiler)")
+    parser.add_argument("--train", action="store_true",
+                        help="CUDA: also time a training step of the replayed variants' models, eager and captured "
+                             "by hand into one CUDA graph (train eager / replayed ms)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     wanted = args.variants.split(",")
@@ -171,6 +209,8 @@ def main(argv=None):
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
                 if args.profile and device.type == "cuda":
                     row["profile"] = kernel_profile(model, batch, args.profile)
+                if args.train and device.type == "cuda" and isinstance(model, CapturedModel):
+                    row.update(train_step_ms(model.model, batch, device, args.repeats))
                 if args.steps:
                     row.update(run_md(model, crystal, device, dtype, args.steps))
             except torch.OutOfMemoryError:

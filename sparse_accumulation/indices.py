@@ -24,7 +24,8 @@ it, keyed by the tensors' identity and version counters, for a bounded number of
   the device work, or a replay would reuse what the index held at capture time), while ``torch.compile``
   traces, or inside :func:`unremembered` (the bodies of registered ops that compiled graphs call: their
   warm-up runs allocate from a CUDA graph's private memory pool, where a remembered tensor would outlive the
-  graph's outputs).
+  graph's outputs). Inside a :func:`capture_scope`, what a capture makes is found again by the same capture
+  (recorded once, replayed once per graph launch) and forgotten when the scope ends.
 
 Changes made behind torch's back (through a numpy view of a tensor's memory) are not noticed; call
 :func:`clear` after such a change.
@@ -57,6 +58,36 @@ def unremembered():
         _local.depth = depth
 
 
+def capturing(t: torch.Tensor) -> bool:
+    """Whether work on ``t`` is being recorded into a CUDA graph (a CUDA tensor while the current stream
+    captures): nothing may be read back then."""
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+@contextlib.contextmanager
+def capture_scope():
+    """Within this context (per thread), what is made from index tensors while a CUDA graph is captured is
+    remembered for the rest of the context: the layers of a captured model sort an index once, where each would
+    record its own sort. Entries never outlive the context (a later capture records its own work): open it
+    around one capture, as :func:`sparse_accumulation.mace.accelerate`'s models do around each call."""
+    previous = getattr(_local, "scope", None)
+    _local.scope = {}
+    try:
+        yield
+    finally:
+        _local.scope = previous
+
+
+def _capture_scope(tensors: Sequence[torch.Tensor]) -> Optional[dict]:
+    """The open :func:`capture_scope`'s entries where ``tensors`` (CUDA, not inference tensors) are used by a
+    capture on this thread outside :func:`unremembered` and ``torch.compile``; else None."""
+    scope = getattr(_local, "scope", None)
+    if (scope is None or getattr(_local, "depth", 0) or torch.compiler.is_compiling() or not tensors
+            or any(t.is_inference() or not capturing(t) for t in tensors)):
+        return None
+    return scope
+
+
 def rememberable(tensors: Sequence[torch.Tensor]) -> bool:
     """Whether what is made from ``tensors`` may be remembered now (see the module docstring)."""
     if getattr(_local, "depth", 0) or torch.compiler.is_compiling():
@@ -64,7 +95,7 @@ def rememberable(tensors: Sequence[torch.Tensor]) -> bool:
     for t in tensors:
         if t.is_inference():
             return False
-        if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if capturing(t):
             return False
     return True
 
@@ -82,7 +113,14 @@ class Memory:
     def get(self, tensors: Sequence[torch.Tensor], extra: tuple, make: Callable[[], object]):
         """``make()``, or what it returned for the same, unchanged ``tensors`` and equal ``extra`` (hashable)."""
         if not rememberable(tensors):
-            return make()
+            scope = _capture_scope(tensors)
+            if scope is None:
+                return make()
+            # the entry holds the tensors: no other tensor takes their identity while the scope lasts
+            key = (id(self),) + tuple(_identity(t, _base(t)) for t in tensors) + tuple(extra)
+            if key not in scope:
+                scope[key] = (tuple(tensors), make())
+            return scope[key][1]
         bases = [_base(t) for t in tensors]
         key = tuple(_identity(t, b) for t, b in zip(tensors, bases)) + tuple(extra)
         with self._lock:
@@ -184,9 +222,18 @@ def segments(index: torch.Tensor, size: int) -> tuple:
     """``(offsets, order)``: ``order`` sorts the edges by ``index`` (stable), and the edges of row ``r`` are
     ``order[offsets[r]:offsets[r + 1]]``; values outside ``[0, size)`` lie in no row. Device operations only
     (no synchronisation)."""
-    values, order = torch.sort(index, stable=True)
+    values, order = torch.sort(sort_keys(index, size), stable=True)
     boundaries = torch.arange(size + 1, device=index.device, dtype=values.dtype)
     return torch.searchsorted(values, boundaries), order
+
+
+def sort_keys(index: torch.Tensor, size: int) -> torch.Tensor:
+    """``index`` as the keys a stable sort by row needs: int32 where ``size`` is an int that fits (a GPU radix
+    sort then makes half the passes of int64's), values outside ``[0, size)`` clamped to -1 or ``size`` (still in
+    no row); as it is for a symbolic ``size`` (a traced graph holds no assumption on it)."""
+    if not isinstance(size, int) or size >= 2147483647:
+        return index
+    return torch.clamp(index, -1, size).to(torch.int32)
 
 
 def check_size(name: str, value) -> int:
@@ -290,9 +337,10 @@ _prepared_indices = Memory(256)
 def prepared_index(name: str, t: torch.Tensor, size: int) -> Index:
     """The :class:`Index` of an index tensor ``name``, checked on its first use; later calls with ``t`` (or the
     same view of the same tensor) unchanged find its order and segments again, until ``t`` is freed (made afresh,
-    unchecked, while a CUDA graph is captured: nothing may be read then)."""
-    if t.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return Index(t, size, check=False)
+    unchecked, while a CUDA graph is captured: nothing may be read then; found again within a
+    :func:`capture_scope`)."""
+    if capturing(t):
+        return _prepared_indices.get((t,), (size, "unchecked"), lambda: Index(t, size, check=False))
 
     def make():
         try:
@@ -386,8 +434,8 @@ def element_segments(elements: torch.Tensor, num_elements: int) -> Tuple[torch.T
     offsets in ``order`` of each element's nodes (values outside ``[0, E)`` lie in no element). Device
     operations of static shapes only (no bincount, whose output size depends on the values: compiled graphs
     stay whole); TorchScript compiles it."""
-    ordered, order = torch.sort(elements, stable=True)
-    bounds = torch.arange(num_elements + 1, device=elements.device, dtype=torch.int64)
+    ordered, order = torch.sort(sort_keys(elements, num_elements), stable=True)
+    bounds = torch.arange(num_elements + 1, device=elements.device, dtype=ordered.dtype)
     return order, torch.searchsorted(ordered, bounds)
 
 

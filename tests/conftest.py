@@ -14,6 +14,10 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [_ROOT, os.environ.get("
 # it themselves).
 os.environ.setdefault("SPARSE_ACCUMULATION_TRITON_WAIT", "1")
 
+# NequIP's own tests and fixtures run in a child pytest of their own (tests/test_nequip.py): their conftest sets
+# process-wide state and needs nequip, so this suite never collects their folder
+collect_ignore = ["nequip_suite"]
+
 
 @pytest.fixture
 def generator(request):
@@ -48,10 +52,11 @@ INTEGER_SENTINEL = -987654321
 
 
 def _filled(tensor):
-    if tensor.is_floating_point() or tensor.is_complex():
-        return tensor.fill_(float("nan"))
-    if tensor.dtype != torch.bool and tensor.dtype.itemsize >= 4:
-        return tensor.fill_(INTEGER_SENTINEL)
+    with torch.no_grad():  # leaves made with requires_grad=True (torch's compilers make such) are filled too
+        if tensor.is_floating_point() or tensor.is_complex():
+            return tensor.fill_(float("nan"))
+        if tensor.dtype != torch.bool and tensor.dtype.itemsize >= 4:
+            return tensor.fill_(INTEGER_SENTINEL)
     return tensor
 
 

@@ -22,6 +22,8 @@ Five kinds of layer change, and nothing else:
 
 A converted MACE model also checks its batch's ``edge_index`` first thing (``prepare_edges_first``, a forward
 pre-hook), so that the convolutions' reading of the indices does not stop the host in the middle of the step.
+A call captured into a CUDA graph runs in a :func:`~sparse_accumulation.indices.capture_scope` (opened by that
+hook, closed by a forward hook): its layers sort the edges and the elements once for the whole graph.
 
 All keep MACE's state dict, key for key (the tensors they do not compute with are held as they are), so MACE's
 checkpoints load into a converted model and its state loads back into MACE with ``strict=True``.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import threading
 from collections import OrderedDict
 from typing import Optional
 
@@ -40,6 +43,7 @@ import torch
 
 from ..e3nn.fully_connected import FullyConnectedNet
 from ..e3nn.tensor_product import TensorProduct
+from .. import indices
 from ..indices import prepared_index, rememberable
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
@@ -266,6 +270,7 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
         setattr(parent, name, layer)
     if interactions and hasattr(model, "interactions") and not getattr(model, _PREPARES_EDGES, False):
         model.register_forward_pre_hook(prepare_edges_first, with_kwargs=True)
+        model.register_forward_hook(_end_capture_scope, always_call=True)
         setattr(model, _PREPARES_EDGES, True)
         # torch.jit.script asks for this first (MACE's jit.compile, its LAMMPS export): the hook does not script
         model.__prepare_scriptable__ = functools.partial(_without_edge_hook, model)
@@ -285,7 +290,30 @@ def _without_edge_hook(model: torch.nn.Module) -> torch.nn.Module:
     scriptable._forward_pre_hooks_with_kwargs = {key: value for key, value in
                                                  model._forward_pre_hooks_with_kwargs.items()
                                                  if key in scriptable._forward_pre_hooks}
+    scriptable._forward_hooks = OrderedDict((key, hook) for key, hook in model._forward_hooks.items()
+                                            if hook is not _end_capture_scope)
+    scriptable._forward_hooks_always_called = {key: value for key, value in
+                                               model._forward_hooks_always_called.items()
+                                               if key in scriptable._forward_hooks}
     return scriptable
+
+
+#: per thread: the (model, entered capture scope) pairs of captured calls under way, innermost last
+_open_scopes = threading.local()
+
+
+def _capturing(data) -> bool:
+    edge_index = data.get("edge_index") if isinstance(data, dict) else None
+    return isinstance(edge_index, torch.Tensor) and indices.capturing(edge_index)
+
+
+def _end_capture_scope(model, args, output) -> None:
+    """Forward hook (run also when the call raises): close the capture scope ``prepare_edges_first`` opened."""
+    if torch.compiler.is_compiling():
+        return
+    stack = getattr(_open_scopes, "stack", None)
+    if stack and stack[-1][0] is model:
+        stack.pop()[1].__exit__(None, None, None)
 
 
 def prepare_edges_first(model, args, kwargs) -> None:
@@ -294,10 +322,18 @@ def prepare_edges_first(model, args, kwargs) -> None:
     synchronisation per new ``edge_index``); here the device has almost nothing queued to wait for, where inside
     the first convolution it waits for the radial networks and then idles while the host catches up. The
     convolutions find the prepared rows (:func:`sparse_accumulation.indices.prepared_index`). Bad indices are
-    left for the convolutions to report."""
+    left for the convolutions to report. A call being captured into a CUDA graph reads nothing: it opens a
+    :func:`~sparse_accumulation.indices.capture_scope` instead, closed by the model's forward hook."""
     if torch.compiler.is_compiling():  # a compiled graph reads no index values (and dynamo traces no further)
         return
     data = args[0] if args else kwargs.get("data")
+    if _capturing(data):  # nothing may be read; the layers share what they make until the call ends
+        scope = indices.capture_scope()
+        scope.__enter__()
+        if not hasattr(_open_scopes, "stack"):
+            _open_scopes.stack = []
+        _open_scopes.stack.append((model, scope))
+        return
     if not isinstance(data, dict) or torch.is_inference_mode_enabled():  # nothing made there is kept
         return
     edge_index, nodes = data.get("edge_index"), data.get("node_attrs", data.get("positions"))

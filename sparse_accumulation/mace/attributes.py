@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .. import indices
 from ..indices import Elements, Memory
 
 _prepared = Memory(64)
@@ -50,6 +51,17 @@ def _classified(y: torch.Tensor, num_elements: int) -> tuple:
         return _one_element(y.shape[0], y.device), None, True
     columns = _nonzero_columns(y)
     return Elements(columns, num_elements, check=False), None if one_hot else y.gather(1, columns[:, None]), False
+
+
+def _unread(y: torch.Tensor, num_elements: int, name: str) -> Attributes:
+    """The :class:`Attributes` of ``y`` made without reading it (see :func:`prepare`)."""
+    if y.dim() == 1:
+        return Attributes(Elements(y, num_elements, check=False), None, None)
+    torch._assert_async(((y != 0).sum(1) <= 1).all(),
+                        f"{name} has rows with several nonzeros: such node attributes need eager mode, or a "
+                        f"{name} that requires grad, under torch.compile and CUDA graphs")
+    columns = _nonzero_columns(y)
+    return Attributes(Elements(columns, num_elements, check=False), y.gather(1, columns[:, None]), None)
 
 
 def prepare(y, num_elements: int, name: str = "y") -> Attributes:
@@ -97,14 +109,9 @@ def prepare(y, num_elements: int, name: str = "y") -> Attributes:
     elif y.dim() != 1 or y.dtype.is_floating_point:
         raise ValueError(f"{name} must be 1-D integer element indices or 2-D node attributes, got shape "
                          f"{tuple(y.shape)} of dtype {y.dtype}")
-    if torch.compiler.is_compiling() or (y.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        if y.dim() == 1:
-            return Attributes(Elements(y, num_elements, check=False), None, None)
-        torch._assert_async(((y != 0).sum(1) <= 1).all(),
-                            f"{name} has rows with several nonzeros: such node attributes need eager mode, or a "
-                            f"{name} that requires grad, under torch.compile and CUDA graphs")
-        columns = _nonzero_columns(y)
-        return Attributes(Elements(columns, num_elements, check=False), y.gather(1, columns[:, None]), None)
+    if torch.compiler.is_compiling() or indices.capturing(y):
+        # nothing may be read: made unchecked (found again within a capture scope, see indices.capture_scope)
+        return _prepared.get((y,), (num_elements, "unchecked"), lambda: _unread(y, num_elements, name))
 
     def make():
         if y.dim() == 2:

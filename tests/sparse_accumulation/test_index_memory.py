@@ -90,3 +90,57 @@ def test_graph_calls_on_fresh_views_equal_the_reference(generator):
     for _ in range(2):
         got = sa.accumulate_rule(x, y, rule, C, indices_1=edge_index[0], indices_out=edge_index[1], size_out=nodes)
         assert torch.allclose(got, expected, rtol=0, atol=1e-12)
+
+
+def _sorts(monkeypatch):
+    """Simulate a CUDA graph capture of every tensor (``indices.capturing``) and count the edge sorts."""
+    calls = []
+    real = indices.segments
+    monkeypatch.setattr(indices, "capturing", lambda t: True)
+    monkeypatch.setattr(indices, "segments", lambda t, size: calls.append(t.shape[0]) or real(t, size))
+    return calls
+
+
+def test_a_capture_scope_shares_what_one_capture_makes_and_nothing_outlives_it(monkeypatch, generator):
+    sorts = _sorts(monkeypatch)
+    edge_index = torch.randint(0, 7, (2, 40), generator=generator)
+
+    def prepared(row=1):
+        found = indices.prepared_index("edge_index", edge_index[row], 7)
+        found.segments()
+        return found
+
+    assert prepared() is not prepared() and len(sorts) == 2  # a capture outside a scope: made on every use
+    with indices.capture_scope():
+        first = prepared()
+        assert prepared() is first and len(sorts) == 3  # views taken afresh find it within the scope
+        assert prepared(0) is not first and len(sorts) == 4
+        with indices.unremembered():  # op bodies that compiled graphs call remember nothing
+            assert prepared() is not first and len(sorts) == 5
+        edge_index[1, 0] = (edge_index[1, 0] + 1) % 7  # a change in place makes a new entry
+        changed = prepared()
+        assert changed is not first and len(sorts) == 6
+        offsets, order = changed.segments()
+        values = edge_index[1][order]
+        assert torch.equal(offsets, torch.searchsorted(values, torch.arange(8)))  # the changed values, sorted
+    with indices.capture_scope():  # a later capture records its own work
+        assert prepared() is not changed and len(sorts) == 7
+    assert not indices._prepared_indices._entries  # nothing went into the memory of eager calls
+
+
+def test_segments_sort_every_row_stably_and_leave_values_out_of_range_in_no_row(generator):
+    """Keys sorted as int32 (clamped first): values below 0, at or above the size, and beyond int32's range lie
+    in no row; every row's edges in their original order (a loop over the values)."""
+    size = 11
+    index = torch.randint(-3, size + 3, (300,), generator=generator)
+    index[::37] = 2**40 + 5  # would wrap into a row if cast without the clamp
+    index[5::41] = -(2**40)
+    offsets, order = indices.segments(index, size)
+    assert offsets.dtype == order.dtype == torch.int64
+    for row in range(size):
+        expected = [e for e in range(index.shape[0]) if index[e] == row]
+        assert order[offsets[row]:offsets[row + 1]].tolist() == expected
+    elements = torch.randint(0, 5, (40,), generator=generator)
+    element_order, starts = indices.element_segments(elements, 5)
+    for e in range(5):
+        assert element_order[starts[e]:starts[e + 1]].tolist() == (elements == e).nonzero().flatten().tolist()

@@ -3,6 +3,7 @@ bucket, atoms and edges padded by a padding system. On the CPU the padded bucket
 computing what a replay computes: energies, forces and stress equal MACE's model before conversion (float64
 1e-10 relative, float32 1e-5), buckets reused and made anew as neighbour lists shrink and grow, MACE's ASE
 calculator runs it unchanged and its molecular dynamics follows MACE's; on CUDA the same through replays."""
+import contextlib
 import copy
 
 import numpy as np
@@ -11,6 +12,7 @@ import torch
 
 from mace_models import RTOL, assert_close, batch, mace_model, structures  # skips without MACE
 
+from sparse_accumulation import indices  # noqa: E402
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 
 KEYS = ("energy", "node_energy", "forces", "stress")
@@ -51,6 +53,33 @@ def test_padded_buckets_equal_maces_model(generator, dtype, rtol):
     ((atoms, edges, systems),) = ours.buckets
     assert atoms > data["positions"].shape[0] and edges > data["edge_index"].shape[1] and systems == 2
     assert got["energy"].shape == (2,) and got["forces"].shape == data["positions"].shape
+
+
+def test_a_captured_call_sorts_each_index_once_and_computes_maces_outputs(monkeypatch, generator):
+    """Capture simulated on the CPU (``indices.capturing`` says yes for every tensor, so nothing is read or
+    remembered as in eager calls): the converted model's call sorts each ``edge_index`` row and the elements once
+    for all its layers, within the capture scope its hooks open, where without the scope each layer sorts
+    again; outputs equal MACE's either way, and no scope is left open (16 channels: the fused convolution, which
+    sorts its edges, also on the CPU)."""
+    model = mace_model(generator, hidden="16x0e + 16x1o")
+    ours = accelerate(copy.deepcopy(model))
+    data = batch(structures(generator), model)
+    expected = model(dict(data), compute_stress=True)
+    edge_sorts, element_sorts = [], []
+    real_segments, real_elements = indices.segments, indices.element_segments
+    monkeypatch.setattr(indices, "capturing", lambda t: True)
+    monkeypatch.setattr(indices, "segments", lambda t, n: edge_sorts.append(n) or real_segments(t, n))
+    monkeypatch.setattr(indices, "element_segments", lambda t, n: element_sorts.append(n) or real_elements(t, n))
+    counts = []
+    for scope in (contextlib.nullcontext, indices.capture_scope):
+        monkeypatch.setattr(indices, "capture_scope", scope)
+        edge_sorts.clear(), element_sorts.clear()
+        _assert_equal_outputs(ours(dict(data), compute_stress=True), expected)
+        counts.append((len(edge_sorts), len(element_sorts)))
+        assert getattr(indices._local, "scope", None) is None
+    (edges_unscoped, elements_unscoped), (edges_scoped, elements_scoped) = counts
+    assert 1 <= edges_scoped <= 2 and elements_scoped == 1
+    assert edges_unscoped > edges_scoped and elements_unscoped > elements_scoped
 
 
 def test_neighbour_lists_that_shrink_reuse_a_bucket_and_those_that_outgrow_it_make_another(generator):

@@ -1,5 +1,5 @@
 """Element outputs of the Triton polynomial kernels (interpreted on the CPU without a GPU, ``interpreted.py``)
-summed over MANY tiles of each element (``triton_polynomial.ELEMENT_TILE_ROWS``: per-tile partial sums, then
+summed over MANY tiles of each element (``triton_polynomial.element_tile_rows``: per-tile partial sums, then
 summed over each element's tiles in order), against the brute-force float64 loop over ``Program.terms``."""
 import interpreted
 
@@ -21,15 +21,16 @@ _interpreter = interpreted.module_fixture()
 DEVICE = interpreted.DEVICE
 
 
-@pytest.mark.parametrize("tile_rows", [None, 41])
+@pytest.mark.parametrize("tile_rows", [None, 41, 128])
 def test_element_outputs_sum_every_tile_of_an_element(generator, monkeypatch, tile_rows):
     """Nodes of 2 elements, several element tiles each: the derivative program's element output (the gradient of
-    P, computed alone) sums every tile of an element; with tiles of 41 nodes, every node of a long tile too."""
+    P, computed alone) sums every tile of an element; with tiles of 41 and 128 nodes, every node of a long tile
+    too (None: the tiles the kernels choose for the node count)."""
     if tile_rows is not None:
-        monkeypatch.setattr(triton_polynomial, "ELEMENT_TILE_ROWS", tile_rows)
+        monkeypatch.setattr(triton_polynomial, "element_tile_rows", lambda nodes: tile_rows)
     program = random_program(generator, channels=2, terms=6)
-    rows = triton_polynomial.ELEMENT_TILE_ROWS
-    nodes = 7 * rows
+    rows = tile_rows or triton_polynomial.element_tile_rows(7 * 16)
+    nodes = 7 * (tile_rows or 16)
     values = (torch.arange(nodes) % 2)[torch.randperm(nodes, generator=generator)]
     elements = Elements(values, 2)
     _, offsets = elements.tiles(rows)

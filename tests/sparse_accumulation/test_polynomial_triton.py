@@ -34,11 +34,15 @@ def _elements_on_device(elements):
     return Elements(elements.tensor.to(DEVICE), elements.num_elements)
 
 
-@pytest.mark.parametrize("dtype, channels", [(torch.float64, 3), (torch.float64, 40),
-                                             pytest.param(torch.float32, 3, marks=pytest.mark.slow)])
-def test_lane_and_element_outputs_equal_the_reference(generator, dtype, channels):
+@pytest.mark.parametrize("dtype, channels, lane_rows", [(torch.float64, 3, None), (torch.float64, 40, None),
+                                                        (torch.float64, 40, 4),
+                                                        pytest.param(torch.float32, 3, None, marks=pytest.mark.slow)])
+def test_lane_and_element_outputs_equal_the_reference(generator, monkeypatch, dtype, channels, lane_rows):
     """A random program's output (lane) and its derivative program's gradients (lane and element outputs); 40
-    channels take two blocks of channels, the second one partly masked."""
+    channels take two blocks of channels, the second one partly masked; lane tiles of one node (what 21 nodes
+    get) and of 4 (each program walks several nodes)."""
+    if lane_rows is not None:
+        monkeypatch.setattr(triton_polynomial, "lane_tile_rows", lambda nodes: lane_rows)
     program = random_program(generator, channels=channels)
     elements = random_elements(generator, 21, 3)
     tensors = random_operands(generator, program, 21, 3)

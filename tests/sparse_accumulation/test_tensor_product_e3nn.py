@@ -353,11 +353,11 @@ def test_triton_kernels_interpreted_match_e3nn():
 def test_cuda_matches_e3nn(generator, dtype):
     """On CUDA tensors (the channel layout, the default kernels): values and gradients of the NequIP case."""
     theirs, ours = pair(*NEQUIP, uvu_instructions(*NEQUIP), shared_weights=False, implementation=None)
-    theirs, ours = theirs.cuda(), ours.cuda()
+    theirs, ours = theirs.to("cuda", dtype), ours.to("cuda", dtype)  # both compute in dtype, as e3nn asks
     assert ours.rule_for("cuda").input_sizes == (9, 16)
     x, y, weight = (t.detach().to("cuda", dtype).requires_grad_() for t in inputs(generator, theirs, lead_x=(300,),
                                                                                    lead_y=(300,), lead_w=(300,)))
-    expected = theirs.to(dtype)(x, y, weight)
+    expected = theirs(x, y, weight)
     out = ours(x, y, weight)
     tolerance = 1e-12 if dtype == torch.float64 else 1e-5
     assert relative_error(out, expected) < tolerance

@@ -3,7 +3,7 @@
 code, split into chunks of kernels that compile in parallel, in seconds.
 
 A call launches the chunks of its lane outputs (tiles of :func:`lane_tile_rows` nodes) and those of its element
-outputs (tiles of :data:`ELEMENT_TILE_ROWS`), one program per tile and block of channels. The element outputs'
+outputs (tiles of :func:`element_tile_rows`), one program per tile and block of channels. The element outputs'
 per-tile partial sums are then summed over each element's tiles in order (:func:`.triton_graph.segment_sum`):
 deterministic, no atomics. Outputs whose terms have more than one element factor (no program of this library makes
 them) run on the plain torch kernels, as do eager calls while their kernels compile (:func:`.launch.ready`).
@@ -25,8 +25,9 @@ except Exception:  # pragma: no cover - depends on the environment
     triton = None
 
 _INT32_LIMIT = 2**31 - 1
-#: nodes per tile of an element-output kernel: many, so that the per-tile partial sums stay small (at 10^4 nodes of
-#: MACE's contraction, 41 MB peak forward+backward against 151 MB with tiles of 16 nodes, up to 20% slower)
+#: most nodes per tile of an element-output kernel: many where there are many nodes, so that the per-tile partial
+#: sums stay small (at 10^4 nodes of MACE's contraction, 41 MB peak forward+backward against 151 MB with tiles of
+#: 16 nodes, up to 20% slower)
 ELEMENT_TILE_ROWS = 128
 #: (chunk kernels, dtype) whose compiles were started together (:func:`.build.compile_together`)
 _compiled_together = set()
@@ -37,8 +38,17 @@ def _prev_pow2(n: int) -> int:
 
 
 def lane_tile_rows(nodes: int) -> int:
-    """Nodes per tile of a lane-output kernel (4 to 32): each tile loads its element factors once."""
-    return max(4, min(32, _prev_pow2(nodes // 2048)))
+    """Nodes per tile of a lane-output kernel: each tile loads its element factors once, and its threads walk
+    its nodes one after the other: one node per tile below 2048 nodes (a program per node: the chains of terms
+    stay short where there are too few nodes to fill the GPU), then 4 up to 32 from 2^16 nodes."""
+    return 1 if nodes < 2048 else max(4, min(32, _prev_pow2(nodes // 2048)))
+
+
+def element_tile_rows(nodes: int) -> int:
+    """Nodes per tile of an element-output kernel: 4 below 512 nodes, then one tile per 64 nodes' worth, up to
+    :data:`ELEMENT_TILE_ROWS` from 8192 nodes (enough programs for small systems, small partial sums for large
+    ones)."""
+    return max(4, min(ELEMENT_TILE_ROWS, _prev_pow2(nodes // 64)))
 
 
 def _kernels(program, outputs: tuple, acc: str) -> tuple:
@@ -114,7 +124,7 @@ def run(program, tensors, elements, outputs, traceable: bool = False) -> tuple:
                                   lane_tile_rows(N), traceable):
         results.update(zip(lane, torch_polynomial.run(program, tensors, elements, lane)))
     if element:
-        rows = ELEMENT_TILE_ROWS
+        rows = element_tile_rows(N)
         table, offsets = elements.tiles(rows)
         partial = {}
         for j in element:
