@@ -8,11 +8,11 @@ instructions, :class:`FullyConnectedTensorProduct`, :class:`ElementwiseTensorPro
 from .tensor_product import (E3NN_MODES, IRREP_NORMALIZATIONS, PATH_NORMALIZATIONS, SUPPORTED_MODES, Instruction,
                              InvalidArgumentError, IrrepIndexError, LeadingDimensionsError, TensorProduct,
                              UnknownModeError, WeightsMissingError)
-from .fully_connected import FullyConnectedNet
+from .fully_connected import DeferredWeights, FullyConnectedNet
 from .linear import Linear
 from .sub import ElementwiseTensorProduct, FullTensorProduct, FullyConnectedTensorProduct, TensorSquare
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-           "TensorSquare", "Linear", "FullyConnectedNet", "Instruction", "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS",
+           "TensorSquare", "Linear", "FullyConnectedNet", "DeferredWeights", "Instruction", "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS",
            "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError", "IrrepIndexError",
            "UnknownModeError", "LeadingDimensionsError"]

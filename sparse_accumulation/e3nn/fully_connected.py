@@ -16,7 +16,54 @@ import torch
 
 from ..ops.activations import silu
 
-__all__ = ["FullyConnectedNet"]
+__all__ = ["FullyConnectedNet", "DeferredWeights"]
+
+
+class DeferredWeights:
+    """The output of a network whose last layer is linear, not yet computed: ``hidden @ matrix``, each row scaled
+    by ``scale`` (None: 1). A convolution that takes it (:class:`sparse_accumulation.mace.Convolution`) computes the
+    rows it needs when it needs them, so that a ``[rows, matrix.shape[1]]`` tensor (MACE's per-edge weights: 5 KB
+    an edge at 128 channels) need not be held whole, forward or backward.
+
+    Args:
+        hidden: ``[rows, h]``, the last layer's input; matrix: ``[h, n]``, its weight (constants folded in);
+        scale: None or ``[rows, 1]``.
+    """
+
+    def __init__(self, hidden: torch.Tensor, matrix: torch.Tensor, scale: Optional[torch.Tensor] = None):
+        self.hidden, self.matrix, self.scale = hidden, matrix, scale
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.hidden.shape[:-1], self.matrix.shape[1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.hidden.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.hidden.device
+
+    def __mul__(self, other):
+        """Scaled rows (``other`` a ``[rows, 1]`` tensor or a number) stay deferred; anything else computes them."""
+        if isinstance(other, torch.Tensor) and other.shape[-1:] == (1,) and other.shape[:-1] == self.hidden.shape[:-1]:
+            return DeferredWeights(self.hidden, self.matrix, other if self.scale is None else self.scale * other)
+        if isinstance(other, (int, float)):
+            return DeferredWeights(self.hidden, self.matrix * other, self.scale)
+        return self.materialize() * other
+
+    __rmul__ = __mul__
+
+    def rows(self, start: int, end: int) -> "DeferredWeights":
+        """The rows ``start:end``, still deferred."""
+        return DeferredWeights(self.hidden[start:end], self.matrix,
+                               None if self.scale is None else self.scale[start:end])
+
+    def materialize(self) -> torch.Tensor:
+        """``[rows, n]``: the network's output."""
+        out = self.hidden @ self.matrix
+        return out if self.scale is None else out * self.scale
 
 
 def _e3nn_nn():
@@ -58,7 +105,10 @@ class FullyConnectedNet(torch.nn.Module):
         ImportError: e3nn is not installed.
     """
 
-    __jit_ignored_attributes__ = ["_steps"]  # the eager forward's constants and activations
+    __jit_ignored_attributes__ = ["_steps", "defer_last_layer"]  # the eager forward's constants and switches
+    #: eager forward of a network whose last layer is linear returns :class:`DeferredWeights` (set on the radial
+    #: networks of the convolutions that take them, by :func:`sparse_accumulation.mace.accelerate`)
+    defer_last_layer = False
     __e3nn_compile_mode__ = "script"  # e3nn.util.jit.compile (MACE's scripting) scripts it, as e3nn's own
 
     def __init__(self, hs: Sequence[int], act: Optional[Callable] = None, variance_in: float = 1,
@@ -109,7 +159,9 @@ class FullyConnectedNet(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., hs[0]]`` -> ``[..., hs[-1]]``, e3nn's function. Under ``torch.jit.script``, and where a
         layer is no longer e3nn's own (wrapped by MACE's LoRA adapters, say), the layers compute it one after the
-        other, as e3nn's network does."""
+        other, as e3nn's network does. With :attr:`defer_last_layer`, a 2-D ``x`` and a last layer without
+        activation, eager calls return :class:`DeferredWeights` instead (the same values, computed by their
+        user)."""
         if torch.jit.is_scripting():
             for layer in self.children():
                 x = layer(x)
@@ -119,7 +171,11 @@ class FullyConnectedNet(torch.nn.Module):
             for layer in layers:
                 x = layer(x)
             return x
-        for layer, (scale, act) in zip(layers, self._steps):
+        deferred = (self.defer_last_layer and self._steps[-1][1] is None and x.dim() == 2
+                    and not torch.compiler.is_compiling())
+        for i, (layer, (scale, act)) in enumerate(zip(layers, self._steps)):
+            if deferred and i == len(layers) - 1:
+                return DeferredWeights(x, layer.weight * (scale * self._last_scale))
             x = x @ (layer.weight * scale)
             if act is not None:
                 x = act(x)

@@ -18,7 +18,9 @@ Five kinds of layer change, and nothing else:
   :class:`sparse_accumulation.e3nn.Linear`, whose backward does not write a gradient the size of the whole input
   for each of its irreps;
 * every e3nn ``nn.FullyConnectedNet`` (the radial networks) becomes :class:`sparse_accumulation.e3nn.FullyConnectedNet`,
-  the same function with its normalisation constants folded into its weights.
+  the same function with its normalisation constants folded into its weights. A convolution's radial network
+  hands its last (linear) layer to the convolution (:class:`~sparse_accumulation.e3nn.DeferredWeights`), which
+  computes the per-edge weights whole for most systems and chunk by chunk for very large ones.
 
 A converted MACE model also checks its batch's ``edge_index`` first thing (``prepare_edges_first``, a forward
 pre-hook), so that the convolutions' reading of the indices does not stop the host in the middle of the step.
@@ -41,7 +43,7 @@ from typing import Optional
 
 import torch
 
-from ..e3nn.fully_connected import FullyConnectedNet
+from ..e3nn.fully_connected import DeferredWeights, FullyConnectedNet
 from ..e3nn.tensor_product import TensorProduct
 from .. import indices
 from ..indices import prepared_index, rememberable
@@ -120,6 +122,11 @@ class Convolution(torch.nn.Module):
                 owner = getattr(owner, part)
             owner.register_buffer(leaf, tensor.detach().clone())
 
+    #: per-edge weights that come deferred (:class:`~sparse_accumulation.e3nn.DeferredWeights`, from a radial
+    #: network whose last layer is linear) are computed whole where they take at most this many bytes, else in
+    #: chunks of edges of about this size, each recomputed in the backward instead of kept
+    chunk_bytes = 2**31
+
     @property
     def weight_numel(self) -> int:
         """The number of weights per edge (``tp_weights [edges, weight_numel]``)."""
@@ -133,7 +140,11 @@ class Convolution(torch.nn.Module):
         Args:
             node_feats: ``[nodes, irreps_in1.dim]``.
             edge_attrs: ``[edges, irreps_in2.dim]`` (the edges' spherical harmonics).
-            tp_weights: ``[edges, weight_numel]``, of ``node_feats``' dtype.
+            tp_weights: ``[edges, weight_numel]``, of ``node_feats``' dtype, or
+                :class:`~sparse_accumulation.e3nn.DeferredWeights` of that shape: the radial network's last layer
+                is then computed here, whole below :attr:`chunk_bytes`, else for chunks of edges one at a time
+                (``torch.utils.checkpoint``: the backward computes each chunk's weights again), so that the
+                per-edge weights and their gradient are never held for every edge at once.
             edge_index: ``[2, edges]`` integer tensor, senders then receivers.
 
         Returns:
@@ -147,8 +158,37 @@ class Convolution(torch.nn.Module):
         if edge_index is None:
             raise TypeError("Convolution needs edge_index: it replaces conv_tp of MACE blocks that call it as a fused "
                             "convolution, conv_tp(node_feats, edge_attrs, tp_weights, edge_index)")
+        if isinstance(tp_weights, DeferredWeights):
+            edges, width = tp_weights.shape
+            step = max(1, self.chunk_bytes // max(1, width * tp_weights.hidden.element_size()))
+            if edges <= step:
+                tp_weights = tp_weights.materialize()
+            else:
+                return self._in_chunks(node_feats, edge_attrs, tp_weights, edge_index, step)
+        return self._messages(node_feats, edge_attrs, tp_weights, edge_index)
+
+    def _messages(self, node_feats, edge_attrs, tp_weights, edge_index):
         return self.tensor_product(node_feats, edge_attrs, tp_weights, indices_1=edge_index[0],
                                    indices_out=edge_index[1], size_out=node_feats.shape[0])
+
+    def _deferred_messages(self, node_feats, edge_attrs, hidden, matrix, scale, edge_index):
+        weights = hidden @ matrix
+        return self._messages(node_feats, edge_attrs, weights if scale is None else weights * scale, edge_index)
+
+    def _in_chunks(self, node_feats, edge_attrs, weights: DeferredWeights, edge_index, step: int):
+        """The sum over chunks of ``step`` edges of their messages, each chunk's weights computed from its rows of
+        ``weights``, used and dropped (checkpointed: recomputed in the backward)."""
+        from torch.utils.checkpoint import checkpoint
+
+        out = None
+        for start in range(0, edge_attrs.shape[0], step):
+            end = min(start + step, edge_attrs.shape[0])
+            part = weights.rows(start, end)
+            message = checkpoint(self._deferred_messages, node_feats, edge_attrs[start:end], part.hidden,
+                                 part.matrix, part.scale, edge_index[:, start:end], use_reentrant=False,
+                                 preserve_rng_state=False)
+            out = message if out is None else out + message
+        return out
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -268,6 +308,9 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
         block.symmetric_contractions = contraction
     for parent, name, layer in layers:
         setattr(parent, name, layer)
+    for block in interactions:  # MACE's blocks scale the weights by the cutoff and hand them to conv_tp only
+        if isinstance(getattr(block, "conv_tp_weights", None), FullyConnectedNet):
+            block.conv_tp_weights.defer_last_layer = True
     if interactions and hasattr(model, "interactions") and not getattr(model, _PREPARES_EDGES, False):
         model.register_forward_pre_hook(prepare_edges_first, with_kwargs=True)
         model.register_forward_hook(_end_capture_scope, always_call=True)
