@@ -22,7 +22,8 @@ its first call (compilation) reported apart; ``cueq-compiled`` likewise of the c
 train`` a training step (``training=True``, the squared energies and forces summed, ``backward`` to the
 parameters); the median of single steps after two warm-up steps, and ``peak MB``: the peak memory of one step
 above what was allocated before it (CUDA's allocator; on the CPU the resident memory, as in ``convolution.py``,
-after the memory glibc holds free is handed back). Before timing, the accelerated and cuEquivariance models are
+after the memory glibc holds free is handed back). ``--chunk-bytes`` sets the size above which the accelerated
+convolutions compute their per-edge weights in chunks of edges (``Convolution.chunk_bytes``). Before timing, the accelerated and cuEquivariance models are
 checked against MACE's in float64: energy, forces and stress (the cuEquivariance check reported, not asserted).
 """
 from __future__ import annotations
@@ -231,8 +232,15 @@ def main(argv=None):
                              "several in turn")
     parser.add_argument("--repeats", type=int, default=None, help="steps timed (default: 20 on CUDA, 7 on the CPU)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="stop timing a variant after this long")
+    parser.add_argument("--chunk-bytes", type=int, default=None,
+                        help="the accelerated convolutions' Convolution.chunk_bytes (per-edge weights computed whole "
+                             "up to this size, in chunks above it; default: the library's)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.chunk_bytes is not None:
+        from sparse_accumulation.mace import Convolution
+
+        Convolution.chunk_bytes = args.chunk_bytes
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     repeats = args.repeats or (20 if device.type == "cuda" else 7)

@@ -158,16 +158,17 @@ class Convolution(torch.nn.Module):
         if edge_index is None:
             raise TypeError("Convolution needs edge_index: it replaces conv_tp of MACE blocks that call it as a fused "
                             "convolution, conv_tp(node_feats, edge_attrs, tp_weights, edge_index)")
-        if isinstance(tp_weights, DeferredWeights):
-            edges, width = tp_weights.shape
-            step = max(1, self.chunk_bytes // max(1, width * tp_weights.hidden.element_size()))
-            if edges <= step:
+        if not torch.jit.is_scripting():  # (a scripted model's radial networks return tensors)
+            if isinstance(tp_weights, DeferredWeights):
+                edges, width = tp_weights.shape
+                step = max(1, self.chunk_bytes // max(1, width * tp_weights.hidden.element_size()))
+                if edges > step:
+                    return self._in_chunks(node_feats, edge_attrs, tp_weights, edge_index, step)
                 tp_weights = tp_weights.materialize()
-            else:
-                return self._in_chunks(node_feats, edge_attrs, tp_weights, edge_index, step)
         return self._messages(node_feats, edge_attrs, tp_weights, edge_index)
 
-    def _messages(self, node_feats, edge_attrs, tp_weights, edge_index):
+    def _messages(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
+                  edge_index: torch.Tensor) -> torch.Tensor:
         return self.tensor_product(node_feats, edge_attrs, tp_weights, indices_1=edge_index[0],
                                    indices_out=edge_index[1], size_out=node_feats.shape[0])
 
