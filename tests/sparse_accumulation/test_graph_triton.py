@@ -78,6 +78,49 @@ def test_fused_gradients_match_the_torch_kernels(generator, channels):
         assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+def _split_counted(monkeypatch) -> list:
+    """Share each row's edges among 3 programs wherever rows have 4 edges on average; record the splits."""
+    monkeypatch.setattr(triton_graph, "SPLIT", 3)
+    monkeypatch.setattr(triton_graph, "SPLIT_MIN_EDGES", 4)
+    made, real = [], triton_graph._split
+    monkeypatch.setattr(triton_graph, "_split", lambda *a: made.append(real(*a)) or made[-1])
+    return made
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+@pytest.mark.parametrize("sorted_dst", [False, True])
+def test_rows_shared_by_several_programs_equal_the_torch_kernels(generator, monkeypatch, channels, sorted_dst):
+    """Each row's edges walked by 3 programs (partial sums, then added per row in order): the forward with an
+    operand gathered by the grid index, a row without edges, rows of fewer edges than programs, a gathered row
+    out of range; the fused backward (segments by source, edge outputs riding along)."""
+    made = _split_counted(monkeypatch)
+    crule, C = _crule(channels)
+    nodes, edges = 7, 31
+    src, dst = random_graph(generator, nodes - 1, edges, sorted_dst=sorted_dst)  # node 6 receives nothing
+    dst[-2:] = nodes - 2  # ...
+    dst[:-2] = dst[:-2] % (nodes - 2)  # and node 5 two edges, fewer than the programs sharing them
+    if sorted_dst:
+        dst = dst.sort().values
+    src[0] = nodes + 3
+    src, dst, C = src.to(DEVICE), dst.to(DEVICE), C.to(DEVICE)
+    X1, X2 = _rand(generator, nodes, crule.maps[0].width), _rand(generator, nodes, 3)
+    W, G = _rand(generator, edges, crule.maps[2].width), _rand(generator, nodes, crule.maps[3].width)
+    seg = segments(dst, nodes) if not sorted_dst else (segments(dst, nodes)[0], None)
+    args = ((X1, X2, W, None), (src, dst, None, dst), ((3, "segment", nodes),), C)
+    ours = triton_graph.run(crule, *args, edges=edges, segments=seg, hoisted=(1,))[0]
+    theirs = torch_graph.run(crule, *args, edges=edges, segments=seg, hoisted=(1,))[0]
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-12) and not ours[nodes - 1].any()
+    X2 = _rand(generator, edges, 3)
+    src[0] = 0  # (an edge out of the grid index's range is in no segment: its edge outputs are not written)
+    args = ((X1, X2, W, G), (src, None, None, dst), ((0, "segment", nodes), (1, "edge", edges), (2, "edge", edges)),
+            C)
+    ours = triton_graph.run(crule, *args, edges=edges, segments=segments(src, nodes))
+    theirs = torch_graph.run(crule, *args, edges=edges)
+    for a, b in zip(ours, theirs):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+    assert made == [3, 3]
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
 def test_public_api_on_triton(generator, dtype):
     rule, C = weighted_rule()

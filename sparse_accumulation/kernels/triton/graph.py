@@ -3,7 +3,9 @@ the graph contract of :mod:`sparse_accumulation.kernels`, on kernels generated p
 
 Each call launches one generated kernel, autotuned over the rows a program handles (``BLOCK_R``) and its
 warps; the channels of a row are the other dimension of the program's tile. Results never depend on the
-configuration: the order of arithmetic is fixed by the generated source (atomic outputs excepted).
+configuration: the order of arithmetic is fixed by the generated source (atomic outputs excepted). Small graphs
+whose rows have many edges share each row among :data:`SPLIT` programs (a choice made from the sizes alone), whose
+partial sums, kept in the accumulation dtype, are then added in order.
 
 While a kernel is first compiled (in worker processes), eager calls compute with the portable torch kernels of
 :mod:`..torch.graph` instead of waiting for it (see :func:`.launch.ready`): the first calls of a new kind cost
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import ATOMIC, accumulation_dtype
+from .. import ATOMIC, SEGMENT, accumulation_dtype
 
 try:  # triton is optional (backends.is_available says whether this backend can run)
     import triton
@@ -59,6 +61,21 @@ def _kernel(crule, spec: Spec):
     return build.cached(("graph", crule.key, spec), make)
 
 
+#: segmented calls with fewer grid rows than this, and at least SPLIT_MIN_EDGES edges per row on average, share
+#: each row's edges among SPLIT programs (small graphs: too few rows to fill the GPU, long loops over their edges)
+SPLIT_MAX_ROWS = 2048
+SPLIT_MIN_EDGES = 16
+SPLIT = 4
+
+
+def _split(grid_rows, edges, traceable: bool) -> int:
+    """The programs a segment's edges are shared by (see :mod:`.graph_source`)."""
+    if (traceable or not isinstance(grid_rows, int) or not isinstance(edges, int)
+            or not 0 < grid_rows < SPLIT_MAX_ROWS or edges < SPLIT_MIN_EDGES * grid_rows):
+        return 1
+    return SPLIT
+
+
 def _largest_offset(tensors, rows) -> int:
     return max((n * t.stride(0) + t.shape[1] for t, n in zip(tensors, rows) if t is not None), default=0)
 
@@ -80,13 +97,21 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
             if mode != ATOMIC:
                 results[slot].zero_()
         return tuple(results[slot] for slot, _, _ in outputs)
+    split = _split(grid_rows, edges, traceable) if segments is not None and not only_compiling else 1
+    if split > 1:  # S partial sums per segment output row (rows r + j * R), added up below
+        for slot, mode, rows in outputs:
+            if mode == SEGMENT:
+                zeroed = not crule.writes_every_column(slot)
+                results[slot] = (torch.zeros if zeroed else torch.empty)(
+                    (split * rows, results[slot].shape[1]), dtype=accumulation_dtype(dtype), device=operand.device)
+                out_rows[slot] = split * rows
     order = segments[1] if segments is not None else None
     largest = max(_largest_offset(tensors, [t.shape[0] if t is not None else 0 for t in tensors]),
                   _largest_offset([results[s] for s, _, _ in outputs], [out_rows[s] for s, _, _ in outputs]),
                   edges, grid_rows + 1024)
     spec = Spec(tuple(i is not None for i in indices), tuple((slot, mode) for slot, mode, _ in outputs),
                 segments is not None, tuple(s in hoisted for s in range(4)), order is not None,
-                bool(largest >= _INT32_LIMIT), _acc(accumulation_dtype(dtype)))  # a guard on symbolic sizes
+                bool(largest >= _INT32_LIMIT), _acc(accumulation_dtype(dtype)), split)  # a guard on symbolic sizes
     kernel = _kernel(crule, spec)
     pointer_names, int_names = parameters(crule, spec)
     available = {f"T{s}": t for s, t in enumerate(tensors) if t is not None}
@@ -108,12 +133,17 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
     ints = [values[n] for n in int_names]
 
     def grid(meta):
-        return (triton.cdiv(grid_rows, meta["BLOCK_R"]),)
+        return (triton.cdiv(grid_rows, meta["BLOCK_R"]),) + ((split,) if split > 1 else ())
 
     if not traceable and not launch.ready(kernel, grid, pointers, ints):
         return portable.run(crule, tensors, indices, outputs, C, edges=edges, segments=segments, hoisted=hoisted)
     launch.launch(kernel, grid, pointers, ints, device=operand.device, traceable=traceable, tuning=ints[-1],
                   small=all(v <= _INT32_LIMIT for v in ints))
+    if split > 1:
+        for slot, mode, _ in outputs:
+            if mode == SEGMENT:
+                partial = results[slot]  # the partial sums of each row, added in a fixed order
+                results[slot] = partial.view(split, partial.shape[0] // split, partial.shape[1]).sum(0).to(dtype)
     return tuple(results[slot] for slot, _, _ in outputs)
 
 

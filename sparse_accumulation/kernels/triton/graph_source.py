@@ -15,7 +15,10 @@ channel count rounded up to a power of two). Grid rows are
   order ``ORDER`` (the edges sorted by that index; absent when already sorted). A program loops over the edges
   of its rows in that fixed order. Outputs gathered by the grid index (``"segment"``) are summed in registers
   and each row written once: deterministic, no atomics; outputs per edge ride along; operands gathered by the
-  grid index (``hoisted``) are read once per row, before the loop.
+  grid index (``hoisted``) are read once per row, before the loop. With ``split`` S > 1, S programs share each
+  segment (program ``(r, j)`` walks the ``j``-th of S runs of its edges: shorter loops and more programs where
+  there are few segments of many edges), and the segment outputs are S partial sums per row, which the caller
+  adds up in order.
 
 Columns are loaded one at a time (component ``m`` of channel ``b`` at ``base[m] + b * step[m]`` of the row, a
 ``[BLOCK_R, 1]`` load when every channel shares it), and every output column is summed in registers with the
@@ -44,7 +47,9 @@ class Spec(NamedTuple):
     output in mode "atomic": the rows it adds to); ``outputs``: ``(slot, mode)`` pairs; ``segmented``: the grid
     rows are segments; ``hoisted``: per slot, whether its rows are the grid rows (gathered by the grid index);
     ``ordered``: segment edges are visited through ``ORDER``; ``idx64``: offsets need 64 bits; ``acc``: the
-    accumulation dtype (``"tl.float32"`` or ``"tl.float64"``)."""
+    accumulation dtype (``"tl.float32"`` or ``"tl.float64"``); ``split``: the programs each segment's edges
+    are shared by (1: one), whose segment outputs are then partial sums (row ``r`` of program ``(r, j)`` at
+    ``r + j * R``)."""
 
     gathered: tuple
     outputs: tuple
@@ -53,6 +58,7 @@ class Spec(NamedTuple):
     ordered: bool
     idx64: bool
     acc: str
+    split: int = 1
 
     @property
     def output_slots(self) -> tuple:
@@ -256,6 +262,12 @@ def kernel_source(name: str, crule, spec: Spec) -> tuple:
 
     code("start = tl.load(OFFSETS + rows, mask=rmask, other=0)")
     code("count = tl.load(OFFSETS + rows + 1, mask=rmask, other=0) - start")
+    if spec.split > 1:  # this program's run of the segment: the j-th of split runs of ceil(count / split) edges
+        S = spec.split
+        code("piece = tl.program_id(1)")
+        code(f"run = (count + {S - 1}) // {S}")
+        code("start = start + piece * run")
+        code("count = tl.maximum(tl.minimum(run, count - piece * run), 0)")
     code("steps = tl.reduce(tl.reduce(count, 1, _max), 0, _max)")
     hoisted_columns = _emit_loads(code, crule, _needed(terms, hoisted),
                                   _emit_row_bases(code, crule, spec, hoisted, "rows", "rmask", cast), acc)
@@ -275,7 +287,8 @@ def kernel_source(name: str, crule, spec: Spec) -> tuple:
     code.extend(body)
     for slot in segment_slots:
         out_map = crule.maps[slot]
-        code(f"d{slot} = D{slot} + rows * SD{slot}")
+        row = f"(rows + piece{cast} * R)" if spec.split > 1 else "rows"
+        code(f"d{slot} = D{slot} + {row} * SD{slot}")
         for m in sorted(groups[slot]):
             _emit_store(code, f"d{slot}", f"a{slot}_{m}", out_map.step[m], out_map.base[m], "rmask",
                         f"D{slot}.dtype.element_ty", False, BB != B)
