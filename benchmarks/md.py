@@ -183,8 +183,15 @@ def main(argv=None):
     parser.add_argument("--train", action="store_true",
                         help="CUDA: also time a training step of the replayed variants' models, eager and captured "
                              "by hand into one CUDA graph (train eager / replayed ms)")
+    parser.add_argument("--graph-split", type=int, default=None, metavar="S",
+                        help="CUDA: programs sharing each row of small graphs in the Triton graph kernels "
+                             "(kernels.triton.graph.SPLIT; 1: none; default: the library's)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.graph_split is not None:
+        from sparse_accumulation.kernels.triton import graph as triton_graph
+
+        triton_graph.SPLIT = args.graph_split
     wanted = args.variants.split(",")
     unknown = sorted(set(wanted) - set(VARIANTS))
     if unknown:
