@@ -32,9 +32,12 @@ def test_radial_networks_of_converted_convolutions_defer_their_last_layer(genera
         net.defer_last_layer = False
         whole = net(x)
         scale = torch.rand(7, 1, generator=generator, dtype=torch.float64)
-        assert torch.allclose(deferred.materialize(), whole, rtol=1e-14, atol=0)
-        assert torch.allclose((deferred * scale * 2.0).materialize(), whole * scale * 2.0, rtol=1e-14, atol=0)
-        assert torch.allclose((scale * deferred).rows(2, 5).materialize(), (whole * scale)[2:5], rtol=1e-14, atol=0)
+        for got, expected in ((deferred.materialize(), whole), ((deferred * scale * 2.0).materialize(),
+                                                               whole * scale * 2.0),
+                              ((scale * deferred).rows(2, 5).materialize(), (whole * scale)[2:5])):
+            # (a product over fewer rows may round otherwise: float64 to the largest value's precision)
+            assert got.shape == expected.shape
+            assert (got - expected).abs().max() <= 1e-13 * expected.abs().max()
         with pytest.raises(RuntimeError):  # a product that is not a row scale computes the rows first
             deferred * torch.ones(3)
 
@@ -86,5 +89,5 @@ def test_scripted_and_compiled_radial_networks_return_tensors(generator):
     compiled = torch.compile(net, backend="aot_eager", fullgraph=True)(x)
     scripted = torch.jit.script(net)(x)
     for got in (compiled, scripted):
-        assert isinstance(got, torch.Tensor)
-        assert torch.allclose(got, expected, rtol=RTOL, atol=0)
+        assert isinstance(got, torch.Tensor) and got.shape == expected.shape
+        assert (got - expected).abs().max() <= RTOL * expected.abs().max()
