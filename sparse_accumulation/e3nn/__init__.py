@@ -13,6 +13,6 @@ from .linear import Linear
 from .sub import ElementwiseTensorProduct, FullTensorProduct, FullyConnectedTensorProduct, TensorSquare
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-           "TensorSquare", "Linear", "FullyConnectedNet", "DeferredWeights", "Instruction", "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS",
-           "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError", "IrrepIndexError",
-           "UnknownModeError", "LeadingDimensionsError"]
+           "TensorSquare", "Linear", "FullyConnectedNet", "DeferredWeights", "Instruction", "SUPPORTED_MODES",
+           "E3NN_MODES", "IRREP_NORMALIZATIONS", "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError",
+           "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]
