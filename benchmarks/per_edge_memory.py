@@ -72,7 +72,8 @@ def main(argv=None):
     parser.add_argument("--atoms", type=int, default=64)
     parser.add_argument("--channels", type=int, default=128)
     parser.add_argument("--train", action="store_true", help="the parameters require grad too")
-    parser.add_argument("--chunk-bytes", type=int, default=None, help="Convolution.chunk_bytes of the accelerated model")
+    parser.add_argument("--chunk-bytes", type=int, default=None,
+                        help="Convolution.chunk_bytes of the accelerated model")
     args = parser.parse_args(argv)
     if args.chunk_bytes is not None:
         Convolution.chunk_bytes = args.chunk_bytes
