@@ -10,7 +10,7 @@ NaCl crystal. The call: ``model(batch, training=True, compute_force=False)`` wit
 (what a forces step keeps until its backward), and with ``--train`` the parameters requiring grad too. Each saved
 tensor is counted once (by its storage), however many graph nodes hold it; device-independent (run on the CPU).
 Not counted: what ``torch.utils.checkpoint`` holds to recompute a chunk (the chunked convolutions' inputs: the
-radial network's last hidden features, 4 bytes per hidden unit and edge, the spherical harmonics, the edges).
+radial network's input features, the spherical harmonics, the edges: about 100 bytes an edge).
 """
 from __future__ import annotations
 

@@ -20,49 +20,57 @@ __all__ = ["FullyConnectedNet", "DeferredWeights"]
 
 
 class DeferredWeights:
-    """The output of a network whose last layer is linear, not yet computed: ``hidden @ matrix``, each row scaled
-    by ``scale`` (None: 1). A convolution that takes it (:class:`sparse_accumulation.mace.Convolution`) computes the
-    rows it needs when it needs them, so that a ``[rows, matrix.shape[1]]`` tensor (MACE's per-edge weights: 5 KB
-    an edge at 128 channels) need not be held whole, forward or backward.
+    """The output of a network whose last layer is linear, not yet computed: ``hidden_of(features) @ matrix``, each
+    row scaled by ``scale`` (None: 1). A convolution that takes it (:class:`sparse_accumulation.mace.Convolution`)
+    computes the rows it needs when it needs them, so that a ``[rows, matrix.shape[1]]`` tensor (MACE's per-edge
+    weights: 5 KB an edge at 128 channels), and the network's hidden rows, need not be held whole, forward or
+    backward.
 
     Args:
-        hidden: ``[rows, h]``, the last layer's input; matrix: ``[h, n]``, its weight (constants folded in);
-        scale: None or ``[rows, 1]``.
+        features: ``[rows, f]``, the network's input rows; matrix: ``[h, n]``, its last layer's weight (constants
+        folded in); scale: None or ``[rows, 1]``; hidden_of: the layers before the last, ``[rows, f] -> [rows, h]``
+        (None: the features are the last layer's input).
     """
 
-    def __init__(self, hidden: torch.Tensor, matrix: torch.Tensor, scale: Optional[torch.Tensor] = None):
-        self.hidden, self.matrix, self.scale = hidden, matrix, scale
+    def __init__(self, features: torch.Tensor, matrix: torch.Tensor, scale: Optional[torch.Tensor] = None,
+                 hidden_of: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+        self.features, self.matrix, self.scale, self.hidden_of = features, matrix, scale, hidden_of
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size((*self.hidden.shape[:-1], self.matrix.shape[1]))
+        return torch.Size((*self.features.shape[:-1], self.matrix.shape[1]))
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.hidden.dtype
+        return self.features.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.hidden.device
+        return self.features.device
+
+    def _like(self, matrix: torch.Tensor, scale: Optional[torch.Tensor], features=None) -> "DeferredWeights":
+        return DeferredWeights(self.features if features is None else features, matrix, scale, self.hidden_of)
 
     def __mul__(self, other):
         """Scaled rows (``other`` a ``[rows, 1]`` tensor or a number) stay deferred; anything else computes them."""
-        if isinstance(other, torch.Tensor) and other.shape[-1:] == (1,) and other.shape[:-1] == self.hidden.shape[:-1]:
-            return DeferredWeights(self.hidden, self.matrix, other if self.scale is None else self.scale * other)
+        rows = self.features.shape[:-1]
+        if isinstance(other, torch.Tensor) and other.shape[-1:] == (1,) and other.shape[:-1] == rows:
+            return self._like(self.matrix, other if self.scale is None else self.scale * other)
         if isinstance(other, (int, float)):
-            return DeferredWeights(self.hidden, self.matrix * other, self.scale)
+            return self._like(self.matrix * other, self.scale)
         return self.materialize() * other
 
     __rmul__ = __mul__
 
     def rows(self, start: int, end: int) -> "DeferredWeights":
         """The rows ``start:end``, still deferred."""
-        return DeferredWeights(self.hidden[start:end], self.matrix,
-                               None if self.scale is None else self.scale[start:end])
+        return self._like(self.matrix, None if self.scale is None else self.scale[start:end],
+                          self.features[start:end])
 
     def materialize(self) -> torch.Tensor:
         """``[rows, n]``: the network's output."""
-        out = self.hidden @ self.matrix
+        hidden = self.features if self.hidden_of is None else self.hidden_of(self.features)
+        out = hidden @ self.matrix
         return out if self.scale is None else out * self.scale
 
 
@@ -171,12 +179,21 @@ class FullyConnectedNet(torch.nn.Module):
             for layer in layers:
                 x = layer(x)
             return x
-        deferred = (self.defer_last_layer and self._steps[-1][1] is None and x.dim() == 2
-                    and not torch.compiler.is_compiling())
-        for i, (layer, (scale, act)) in enumerate(zip(layers, self._steps)):
-            if deferred and i == len(layers) - 1:
-                return DeferredWeights(x, layer.weight * (scale * self._last_scale))
+        if (self.defer_last_layer and self._steps[-1][1] is None and x.dim() == 2
+                and not torch.compiler.is_compiling()):
+            return DeferredWeights(x, layers[-1].weight * (self._steps[-1][0] * self._last_scale),
+                                   hidden_of=self._hidden)
+        x = self._hidden(x)
+        x = x @ (layers[-1].weight * self._steps[-1][0])
+        if self._steps[-1][1] is not None:
+            x = self._steps[-1][1](x)
+        return x if self._last_scale == 1.0 else x * self._last_scale
+
+    @torch.jit.unused
+    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers before the last, with their folded constants and activations (eager)."""
+        for layer, (scale, act) in zip(list(self.children())[:-1], self._steps[:-1]):
             x = x @ (layer.weight * scale)
             if act is not None:
                 x = act(x)
-        return x if self._last_scale == 1.0 else x * self._last_scale
+        return x

@@ -161,7 +161,7 @@ class Convolution(torch.nn.Module):
         if not torch.jit.is_scripting():  # (a scripted model's radial networks return tensors)
             if isinstance(tp_weights, DeferredWeights):
                 edges, width = tp_weights.shape
-                step = max(1, self.chunk_bytes // max(1, width * tp_weights.hidden.element_size()))
+                step = max(1, self.chunk_bytes // max(1, width * tp_weights.features.element_size()))
                 if edges > step:
                     return self._in_chunks(node_feats, edge_attrs, tp_weights, edge_index, step)
                 tp_weights = tp_weights.materialize()
@@ -172,22 +172,23 @@ class Convolution(torch.nn.Module):
         return self.tensor_product(node_feats, edge_attrs, tp_weights, indices_1=edge_index[0],
                                    indices_out=edge_index[1], size_out=node_feats.shape[0])
 
-    def _deferred_messages(self, node_feats, edge_attrs, hidden, matrix, scale, edge_index):
-        weights = hidden @ matrix
-        return self._messages(node_feats, edge_attrs, weights if scale is None else weights * scale, edge_index)
+    def _deferred_messages(self, node_feats, edge_attrs, features, matrix, scale, edge_index, hidden_of):
+        weights = DeferredWeights(features, matrix, scale, hidden_of).materialize()
+        return self._messages(node_feats, edge_attrs, weights, edge_index)
 
     def _in_chunks(self, node_feats, edge_attrs, weights: DeferredWeights, edge_index, step: int):
-        """The sum over chunks of ``step`` edges of their messages, each chunk's weights computed from its rows of
-        ``weights``, used and dropped (checkpointed: recomputed in the backward)."""
+        """The sum over chunks of ``step`` edges of their messages, each chunk's weights (the radial network's
+        hidden layers too) computed from its rows of ``weights``, used and dropped (checkpointed: recomputed in the
+        backward)."""
         from torch.utils.checkpoint import checkpoint
 
         out = None
         for start in range(0, edge_attrs.shape[0], step):
             end = min(start + step, edge_attrs.shape[0])
             part = weights.rows(start, end)
-            message = checkpoint(self._deferred_messages, node_feats, edge_attrs[start:end], part.hidden,
-                                 part.matrix, part.scale, edge_index[:, start:end], use_reentrant=False,
-                                 preserve_rng_state=False)
+            message = checkpoint(self._deferred_messages, node_feats, edge_attrs[start:end], part.features,
+                                 part.matrix, part.scale, edge_index[:, start:end], part.hidden_of,
+                                 use_reentrant=False, preserve_rng_state=False)
             out = message if out is None else out + message
         return out
 
