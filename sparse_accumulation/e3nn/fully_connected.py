@@ -183,17 +183,19 @@ class FullyConnectedNet(torch.nn.Module):
                 and not torch.compiler.is_compiling()):
             return DeferredWeights(x, layers[-1].weight * (self._steps[-1][0] * self._last_scale),
                                    hidden_of=self._hidden)
-        x = self._hidden(x)
-        x = x @ (layers[-1].weight * self._steps[-1][0])
-        if self._steps[-1][1] is not None:
-            x = self._steps[-1][1](x)
+        x = self._layers(x, len(layers))
         return x if self._last_scale == 1.0 else x * self._last_scale
 
     @torch.jit.unused
-    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """The layers before the last, with their folded constants and activations (eager)."""
-        for layer, (scale, act) in zip(list(self.children())[:-1], self._steps[:-1]):
+    def _layers(self, x: torch.Tensor, count: int) -> torch.Tensor:
+        """The first ``count`` layers, with their folded constants and activations (eager)."""
+        for layer, (scale, act) in zip(list(self.children())[:count], self._steps[:count]):
             x = x @ (layer.weight * scale)
             if act is not None:
                 x = act(x)
         return x
+
+    @torch.jit.unused
+    def _hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers before the last (what :class:`DeferredWeights` computes its rows from)."""
+        return self._layers(x, len(self._steps) - 1)

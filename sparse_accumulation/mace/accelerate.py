@@ -19,8 +19,9 @@ Five kinds of layer change, and nothing else:
   for each of its irreps;
 * every e3nn ``nn.FullyConnectedNet`` (the radial networks) becomes :class:`sparse_accumulation.e3nn.FullyConnectedNet`,
   the same function with its normalisation constants folded into its weights. A convolution's radial network
-  hands its last (linear) layer to the convolution (:class:`~sparse_accumulation.e3nn.DeferredWeights`), which
-  computes the per-edge weights whole for most systems and chunk by chunk for very large ones.
+  (whose last layer is linear) leaves its computation to the convolution
+  (:class:`~sparse_accumulation.e3nn.DeferredWeights`), which computes the per-edge weights whole for most systems
+  and chunk by chunk for very large ones.
 
 A converted MACE model also checks its batch's ``edge_index`` first thing (``prepare_edges_first``, a forward
 pre-hook), so that the convolutions' reading of the indices does not stop the host in the middle of the step.
@@ -141,10 +142,10 @@ class Convolution(torch.nn.Module):
             node_feats: ``[nodes, irreps_in1.dim]``.
             edge_attrs: ``[edges, irreps_in2.dim]`` (the edges' spherical harmonics).
             tp_weights: ``[edges, weight_numel]``, of ``node_feats``' dtype, or
-                :class:`~sparse_accumulation.e3nn.DeferredWeights` of that shape: the radial network's last layer
-                is then computed here, whole below :attr:`chunk_bytes`, else for chunks of edges one at a time
+                :class:`~sparse_accumulation.e3nn.DeferredWeights` of that shape: the radial network is then
+                computed here, whole below :attr:`chunk_bytes`, else for chunks of edges one at a time
                 (``torch.utils.checkpoint``: the backward computes each chunk's weights again), so that the
-                per-edge weights and their gradient are never held for every edge at once.
+                per-edge weights, their gradient and the network's hidden rows are never held for every edge.
             edge_index: ``[2, edges]`` integer tensor, senders then receivers.
 
         Returns:

@@ -84,27 +84,26 @@ def run(crule, tensors, indices, outputs, C, *, edges: int, segments=None, hoist
     """See the graph contract of :mod:`sparse_accumulation.kernels`."""
     operand = next(t for t in tensors if t is not None)
     dtype = operand.dtype
-    out_rows = {slot: rows for slot, _, rows in outputs}
-    results = {}
     only_compiling = launch.compiling_only()  # outputs are not written: no rows to hold them
+    grid_rows = segments[0].shape[0] - 1 if segments is not None else edges
+    nothing = grid_rows == 0 or crule.rule.nnz == 0 or (edges == 0 and segments is None)
+    split = 1 if nothing or segments is None or only_compiling else _split(grid_rows, edges, traceable)
+    out_rows, results = {}, {}
     for slot, mode, rows in outputs:
         width = crule.maps[slot].width
         zeroed = mode == ATOMIC or not crule.writes_every_column(slot)
-        results[slot] = (operand.new_zeros if zeroed else operand.new_empty)((0 if only_compiling else rows, width))
-    grid_rows = segments[0].shape[0] - 1 if segments is not None else edges
-    if grid_rows == 0 or crule.rule.nnz == 0 or (edges == 0 and segments is None):
+        make = operand.new_zeros if zeroed else operand.new_empty
+        if split > 1 and mode == SEGMENT:  # S partial sums per row (rows r + j * R), added up below
+            out_rows[slot] = split * rows
+            results[slot] = make((out_rows[slot], width), dtype=accumulation_dtype(dtype))
+        else:
+            out_rows[slot] = rows
+            results[slot] = make((0 if only_compiling else rows, width))
+    if nothing:
         for slot, mode, _ in outputs:
             if mode != ATOMIC:
                 results[slot].zero_()
         return tuple(results[slot] for slot, _, _ in outputs)
-    split = _split(grid_rows, edges, traceable) if segments is not None and not only_compiling else 1
-    if split > 1:  # S partial sums per segment output row (rows r + j * R), added up below
-        for slot, mode, rows in outputs:
-            if mode == SEGMENT:
-                zeroed = not crule.writes_every_column(slot)
-                results[slot] = (torch.zeros if zeroed else torch.empty)(
-                    (split * rows, results[slot].shape[1]), dtype=accumulation_dtype(dtype), device=operand.device)
-                out_rows[slot] = split * rows
     order = segments[1] if segments is not None else None
     largest = max(_largest_offset(tensors, [t.shape[0] if t is not None else 0 for t in tensors]),
                   _largest_offset([results[s] for s, _, _ in outputs], [out_rows[s] for s, _, _ in outputs]),

@@ -45,9 +45,9 @@ def lane_tile_rows(nodes: int) -> int:
 
 
 def element_tile_rows(nodes: int) -> int:
-    """Nodes per tile of an element-output kernel: 4 below 512 nodes, then one tile per 64 nodes' worth, up to
-    :data:`ELEMENT_TILE_ROWS` from 8192 nodes (enough programs for small systems, small partial sums for large
-    ones)."""
+    """Nodes per tile of an element-output kernel: 4 below 512 nodes, then growing with the nodes (about 64
+    tiles), up to :data:`ELEMENT_TILE_ROWS` from 8192 nodes (enough programs for small systems, small partial sums
+    for large ones)."""
     return max(4, min(ELEMENT_TILE_ROWS, _prev_pow2(nodes // 64)))
 
 
