@@ -48,6 +48,7 @@ from ..e3nn.fully_connected import DeferredWeights, FullyConnectedNet
 from ..e3nn.tensor_product import TensorProduct
 from .. import indices
 from ..indices import prepared_index, rememberable
+from ..ops.dispatch import saving_only
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
@@ -180,14 +181,14 @@ class Convolution(torch.nn.Module):
     def _in_chunks(self, node_feats, edge_attrs, weights: DeferredWeights, edge_index, step: int):
         """The sum over chunks of ``step`` edges of their messages, each chunk's weights (the radial network's
         hidden layers too) computed from its rows of ``weights``, used and dropped (checkpointed: recomputed in the
-        backward)."""
+        backward, where the messages themselves are not computed again, see :class:`_ChunkMessages`)."""
         from torch.utils.checkpoint import checkpoint
 
         out = None
         for start in range(0, edge_attrs.shape[0], step):
             end = min(start + step, edge_attrs.shape[0])
             part = weights.rows(start, end)
-            message = checkpoint(self._deferred_messages, node_feats, edge_attrs[start:end], part.features,
+            message = checkpoint(_ChunkMessages(self), node_feats, edge_attrs[start:end], part.features,
                                  part.matrix, part.scale, edge_index[:, start:end], part.hidden_of,
                                  use_reentrant=False, preserve_rng_state=False)
             out = message if out is None else out + message
@@ -207,6 +208,23 @@ class Convolution(torch.nn.Module):
                                   "Convolution was made from, which it computes with")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+
+
+class _ChunkMessages:
+    """One chunk's messages (:meth:`Convolution._deferred_messages`) as a checkpoint calls them: computed at the
+    first call; at the next ones (the checkpoint recomputing, in the backward, the tensors the chunk's graph saved)
+    the kernels only save their inputs (:func:`~sparse_accumulation.ops.dispatch.saving_only`), since the
+    recomputed messages are discarded: the backward recomputes the chunk's weights, not its messages."""
+
+    def __init__(self, convolution: Convolution):
+        self.convolution, self.called = convolution, False
+
+    def __call__(self, *args):
+        if not self.called:
+            self.called = True
+            return self.convolution._deferred_messages(*args)
+        with saving_only():
+            return self.convolution._deferred_messages(*args)
 
 
 def _mace_blocks():

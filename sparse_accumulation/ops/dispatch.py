@@ -5,6 +5,9 @@ custom-op autograd wrapper, redispatch); plain eager calls skip them. Under ``to
 subclasses, dispatch modes or ``torch.func`` transforms only the registered ops work (they alone have fake
 implementations and dispatcher registrations).
 """
+import contextlib
+import threading
+
 import torch
 
 
@@ -18,3 +21,24 @@ def eager_applies(*tensors) -> bool:
         if t is not None and type(t) is not torch.Tensor:
             return False
     return True
+
+
+_mode = threading.local()
+
+
+@contextlib.contextmanager
+def saving_only():
+    """Within it (in this thread), the eager paths of the accumulation and graph ops save what their backward
+    needs and compute nothing: their outputs are NaN. For recomputing a forward whose outputs are discarded, only
+    its saved tensors wanted (a checkpoint's backward, see :class:`sparse_accumulation.mace.Convolution`)."""
+    previous = saves_only()
+    _mode.saving_only = True
+    try:
+        yield
+    finally:
+        _mode.saving_only = previous
+
+
+def saves_only() -> bool:
+    """Whether this thread is inside :func:`saving_only`."""
+    return getattr(_mode, "saving_only", False)

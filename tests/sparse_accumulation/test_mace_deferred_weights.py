@@ -91,3 +91,34 @@ def test_scripted_and_compiled_radial_networks_return_tensors(generator):
     for got in (compiled, scripted):
         assert isinstance(got, torch.Tensor) and got.shape == expected.shape
         assert (got - expected).abs().max() <= RTOL * expected.abs().max()
+
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "per-edge"])
+def test_backward_of_chunks_recomputes_their_weights_not_their_messages(monkeypatch, generator, fused):
+    """Each chunk's checkpoint recomputes, in the backward, the tensors its graph saved; there no kernel computes
+    the chunk's messages again (they would be discarded), on the fused path (graph kernels) or per edge (row
+    kernels); the forces still equal those of the weights computed whole."""
+    from sparse_accumulation import backends
+    from sparse_accumulation.e3nn import tensor_product
+
+    monkeypatch.setattr(tensor_product, "FUSED_MIN_CHANNELS", 0 if fused else 10**6)
+    model = accelerate(copy.deepcopy(mace_model(generator)))
+    data = batch(structures(generator), model)
+    whole = model(dict(data), compute_force=True)["forces"]
+    _chunked(monkeypatch, model, 16)
+    messages = []  # the kernel calls that compute messages (a product's forward)
+    graph, rows = backends.kernel_module("graph", "numba"), backends.kernel_module("accumulate", "numba")
+    run, accumulate = graph.run, rows.accumulate
+    monkeypatch.setattr(graph, "run", lambda crule, tensors, indices, outputs, *args, **kwargs: (
+        messages.extend(slot for slot, *_ in outputs if slot == 3) or run(crule, tensors, indices, outputs, *args,
+                                                                          **kwargs)))
+    monkeypatch.setattr(rows, "accumulate", lambda *args: messages.append("rows") or accumulate(*args))
+    data["positions"].requires_grad_(True)
+    energy = model(dict(data), compute_force=False)["energy"]
+    chunks = -(-data["edge_index"].shape[1] // 16)
+    forward = len(messages)
+    assert forward >= chunks * len(model.interactions)
+    forces = -torch.autograd.grad(energy.sum(), data["positions"])[0]
+    assert len(messages) == forward
+    assert_close(forces, whole, "forces")

@@ -108,7 +108,8 @@ def run(kernels, tensors, C, indices, offsets, orders, crule, outputs, rows, edg
     return out
 
 
-def _fake_outputs(tensors, C, crule, outputs, rows):
+def fake_outputs(tensors, C, crule, outputs, rows):
+    """Uninitialised tensors of the shapes, dtype and device of :func:`run`'s outputs."""
     crule = ChannelRule.from_key(crule)
     like = next((t for t in tensors if t is not None), C)
     return [like.new_empty((rows[s], crule.maps[s].width)) for s in outputs]
@@ -133,7 +134,7 @@ _library.impl("kernel_graph_accumulate", _kernel_graph_accumulate, "CompositeExp
 
 @torch.library.register_fake(f"{_NAMESPACE}::kernel_graph_accumulate", lib=_library)
 def _(X1, X2, W, T, C, indices, offsets, orders, crule, outputs, rows, edges, implementation, reduction):
-    return _fake_outputs([X1, X2, W, T], C, crule, outputs, rows)
+    return fake_outputs([X1, X2, W, T], C, crule, outputs, rows)
 
 
 _kernel_graph_accumulate_op = torch.ops.sparse_accumulation.kernel_graph_accumulate.default
