@@ -5,6 +5,9 @@ computing what a replay computes: energies, forces and stress equal MACE's model
 calculator runs it unchanged and its molecular dynamics follows MACE's; on CUDA the same through replays."""
 import contextlib
 import copy
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -224,3 +227,20 @@ def test_maces_calculator_on_cuda_replays(generator):
     for got, expected in zip(results[1], results[0]):
         assert np.abs(np.asarray(got) - expected).max() <= RTOL * np.abs(expected).max()
     assert ours.captures == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_training_step_captured_by_hand_in_a_fresh_process(tmp_path):
+    """``mace_captured_training.py`` in a process of its own with empty Triton, inductor and library caches: the
+    first capture of a training step, after an eager forces call on the default stream while the kernels compiled
+    and a forces capture, replays the eager step's parameter gradients."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(here))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+               TRITON_CACHE_DIR=str(tmp_path / "triton"), SPARSE_ACCUMULATION_TRITON_CACHE=str(tmp_path / "sa"),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    seed = int(torch.randint(2 ** 31, (1,)))
+    done = subprocess.run([sys.executable, os.path.join(here, "mace_captured_training.py"), str(seed)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-6000:]
