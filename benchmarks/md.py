@@ -16,7 +16,9 @@ velocities of 300 K. Variants:
   where cuequivariance is installed);
 * ``cueq-captured``: the cuEquivariance model replayed from CUDA graphs by
   :class:`sparse_accumulation.mace.CapturedModel` (the anchor of an engine that captures its MD step by hand);
-* ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`.
+* ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
+* ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices undone (:data:`ABLATIONS`: no row
+  sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process.
 
 Per variant and size: ``call ms``, the median of ``--repeats`` forces calls (``model(batch, compute_force=True)``,
 CUDA events around each; on the CPU the host clock) on MACE's batch of the crystal, the wrapper's bucket made
@@ -49,7 +51,12 @@ from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, 
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours")
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-split1", "ours-int64")
+#: ``ours`` with one of the library's choices undone while it is called (and so captured): (module, name, value)
+ABLATIONS = {
+    "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
+    "ours-int64": ("sparse_accumulation.indices", "sort_keys", lambda index, size: index),  # int64 sort keys
+}
 
 
 def nacl(atoms: int, seed: int = 0):
@@ -79,7 +86,26 @@ def make_variants(names, mace, device, dtype) -> dict:
         else:
             ours = accelerate(copy.deepcopy(mace)).to(device, dtype)
             made[name] = ours if name == "ours-eager" else CapturedModel(ours)
+            if name in ABLATIONS:
+                made[name] = Ablated(made[name], *ABLATIONS[name])
     return made
+
+
+class Ablated:
+    """``model`` called with ``module.name`` set to ``value`` (an ablation of :data:`ABLATIONS`)."""
+
+    def __init__(self, model, module: str, name: str, value):
+        import importlib
+
+        self.model, self.module, self.name, self.value = model, importlib.import_module(module), name, value
+
+    def __call__(self, *args, **kwargs):
+        kept = getattr(self.module, self.name)
+        setattr(self.module, self.name, self.value)
+        try:
+            return self.model(*args, **kwargs)
+        finally:
+            setattr(self.module, self.name, kept)
 
 
 def call_ms(model, batch, device, repeats: int) -> float:
@@ -183,15 +209,8 @@ def main(argv=None):
     parser.add_argument("--train", action="store_true",
                         help="CUDA: also time a training step of the replayed variants' models, eager and captured "
                              "by hand into one CUDA graph (train eager / replayed ms)")
-    parser.add_argument("--graph-split", type=int, default=None, metavar="S",
-                        help="CUDA: programs sharing each row of small graphs in the Triton graph kernels "
-                             "(kernels.triton.graph.SPLIT; 1: none; default: the library's)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if args.graph_split is not None:
-        from sparse_accumulation.kernels.triton import graph as triton_graph
-
-        triton_graph.SPLIT = args.graph_split
     wanted = args.variants.split(",")
     unknown = sorted(set(wanted) - set(VARIANTS))
     if unknown:
@@ -218,7 +237,7 @@ def main(argv=None):
                     row["profile"] = kernel_profile(model, batch, args.profile)
                 if args.train and device.type == "cuda" and isinstance(model, CapturedModel):
                     row.update(train_step_ms(model.model, batch, device, args.repeats))
-                if args.steps:
+                if args.steps and name not in ABLATIONS:
                     row.update(run_md(model, crystal, device, dtype, args.steps))
             except torch.OutOfMemoryError:
                 row["error"] = "out of memory"
