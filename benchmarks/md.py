@@ -17,6 +17,7 @@ velocities of 300 K. Variants:
 * ``cueq-captured``: the cuEquivariance model replayed from CUDA graphs by
   :class:`sparse_accumulation.mace.CapturedModel` (the anchor of an engine that captures its MD step by hand);
 * ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
+  ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
 * ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices undone (:data:`ABLATIONS`: no row
   sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process.
 
@@ -51,7 +52,7 @@ from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, 
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-split1", "ours-int64")
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64")
 #: ``ours`` with one of the library's choices undone while it is called (and so captured): (module, name, value)
 ABLATIONS = {
     "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
@@ -85,7 +86,7 @@ def make_variants(names, mace, device, dtype) -> dict:
             made[name] = copy.deepcopy(mace).to(device, dtype)
         else:
             ours = accelerate(copy.deepcopy(mace)).to(device, dtype)
-            made[name] = ours if name == "ours-eager" else CapturedModel(ours)
+            made[name] = ours if name == "ours-eager" else CapturedModel(ours, compile=name == "ours-compiled")
             if name in ABLATIONS:
                 made[name] = Ablated(made[name], *ABLATIONS[name])
     return made

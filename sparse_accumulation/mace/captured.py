@@ -14,6 +14,13 @@ cutoff; spread over the padding atoms); its energy, forces and stress are droppe
 bucket replays its graph; a system that outgrows every bucket is captured again, in a new bucket sized with
 headroom (see :class:`CapturedModel`). Graphs share one memory pool.
 
+With ``compile=True`` the captured call is the model compiled by ``torch.compile`` (one graph per bucket: the
+shapes are static): inductor fuses what surrounds the equivariant kernels (radial bases, envelopes, the radial
+networks' activations, spherical harmonics, readouts, and their derivatives) into fewer kernels, so a replay
+launches fewer of them. The first call of each bucket compiles (minutes for a MACE model, then cached on disk by
+inductor); the positions are made to require grad and, for stress and virials, the strain (``displacement``) is a
+static input leaf, as a compiled MACE call needs (see ``docs/mace.rst``).
+
 Calls that a graph cannot replay run the model eagerly: tensors on the CPU (unless ``cpu="padded"``, which runs
 the padded buckets eagerly, to test them), ``training=True`` (a training step keeps its autograd graph past
 the call), ``compute_hessian=True`` and ``lammps_mliap=True``.
@@ -48,7 +55,8 @@ class _Bucket:
     """Static inputs of ``atoms`` atoms, ``edges`` edges and ``systems`` real systems (plus the padding one),
     the graph captured on them (None where they run eagerly) and its outputs."""
 
-    def __init__(self, data: Dict[str, torch.Tensor], atoms: int, edges: int, systems: int, padding_length: float):
+    def __init__(self, data: Dict[str, torch.Tensor], atoms: int, edges: int, systems: int, padding_length: float,
+                 leaves: bool = False):
         self.atoms, self.edges, self.systems = atoms, edges, systems
         self.filled = None  # (real atoms, real edges) the padding was last written for
         self.graph, self.outputs = None, None
@@ -69,6 +77,10 @@ class _Bucket:
             self.static[key] = torch.zeros(shape, dtype=value.dtype, device=value.device)
         self.cell_rank = data["cell"].dim() if isinstance(data.get("cell"), torch.Tensor) else None
         self.static["ptr"] = torch.zeros(systems + 2, dtype=data["ptr"].dtype, device=data["ptr"].device)
+        if leaves:  # what a compiled call differentiates must be its inputs: the positions, and the strain
+            positions = self.static["positions"].requires_grad_(True)
+            self.static["displacement"] = torch.zeros((systems + 1, 3, 3), dtype=positions.dtype,
+                                                      device=positions.device, requires_grad=True)
 
     def fill(self, data: Dict[str, torch.Tensor], atoms: int, edges: int) -> None:
         """Copy the batch into the static inputs and, where the real sizes changed, rewrite the padding."""
@@ -154,6 +166,9 @@ class CapturedModel(torch.nn.Module):
         max_buckets: the most buckets kept; the least recently used one goes first.
         cpu: ``"eager"`` (default): calls on the CPU run the model as it is; ``"padded"``: through the padded
             buckets, without graphs (what a replay computes, on the CPU).
+        compile: capture (or, on the CPU with ``cpu="padded"``, run) the model compiled by ``torch.compile``
+            (``dynamic=False``: one compiled graph per bucket; torch.compile's limit on recompiles, 8 by default,
+            bounds the buckets that compile, later ones run its eager fallback); default False.
 
     A call takes MACE's ``data`` dict (a batch of ``ptr``/``batch``-indexed systems): ``positions``,
     ``node_attrs``, ``batch``, ``ptr``, ``edge_index``, ``shifts``, ``unit_shifts``, ``cell`` and, where
@@ -169,7 +184,7 @@ class CapturedModel(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, *, atom_multiple: int = 64, edge_headroom: float = 0.1,
-                 edge_multiple: int = 256, max_buckets: int = 8, cpu: str = "eager"):
+                 edge_multiple: int = 256, max_buckets: int = 8, cpu: str = "eager", compile: bool = False):
         super().__init__()
         for name, value in (("atom_multiple", atom_multiple), ("edge_multiple", edge_multiple),
                             ("max_buckets", max_buckets)):
@@ -179,11 +194,14 @@ class CapturedModel(torch.nn.Module):
             raise ValueError(f"edge_headroom must be a number in [0, 10], got {edge_headroom!r}")
         if cpu not in ("eager", "padded"):
             raise ValueError(f"cpu must be 'eager' or 'padded', got {cpu!r}")
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be True or False, got {compile!r}")
         if not hasattr(model, "r_max"):
             raise ValueError(f"model must be a MACE model (with r_max), got {type(model).__name__}")
         self.model = model
         self.atom_multiple, self.edge_headroom, self.edge_multiple = atom_multiple, float(edge_headroom), edge_multiple
-        self.max_buckets, self.cpu = max_buckets, cpu
+        self.max_buckets, self.cpu, self.compile = max_buckets, cpu, compile
+        self.__dict__["_compiled"] = None  # torch.compile of the model, made on first use (not a submodule)
         self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()
         self._pool = None
         #: how many buckets were made (captured, on CUDA) since construction
@@ -202,6 +220,7 @@ class CapturedModel(torch.nn.Module):
         """Forget every bucket and graph (the next calls capture again)."""
         self._buckets.clear()
         self._pool = None
+        self.__dict__["_compiled"] = None
 
     def _apply(self, fn, *args, **kwargs):
         self.reset()  # the graphs read the parameters where they were
@@ -209,7 +228,8 @@ class CapturedModel(torch.nn.Module):
 
     def __getstate__(self):
         state = dict(super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__)
-        state.update(_buckets=OrderedDict(), _pool=None)  # graphs are not saved (nor copied): made again on use
+        # graphs and compiled code are not saved (nor copied): made again on use
+        state.update(_buckets=OrderedDict(), _pool=None, _compiled=None)
         return state
 
     @property
@@ -240,7 +260,7 @@ class CapturedModel(torch.nn.Module):
         if bucket.graph is None and positions.device.type == "cuda":
             self._capture(bucket, options)
         if bucket.graph is None:
-            return bucket.real_outputs(self.model(bucket.inputs(), **options), atoms, edges, copy=False)
+            return bucket.real_outputs(self._runner()(bucket.inputs(), **options), atoms, edges, copy=False)
         bucket.graph.replay()
         return bucket.real_outputs(bucket.outputs, atoms, edges, copy=True)
 
@@ -261,7 +281,8 @@ class CapturedModel(torch.nn.Module):
                 padded_edges)
         while len(self._buckets) >= self.max_buckets:
             self._buckets.popitem(last=False)
-        bucket = _Bucket(data, size[0], size[1], systems, 2.0 * float(self.model.r_max) + 1.0)
+        bucket = _Bucket(data, size[0], size[1], systems, 2.0 * float(self.model.r_max) + 1.0,
+                         leaves=self.compile)
         self._buckets[(kind, size)] = bucket
         self.captures += 1
         return bucket
@@ -272,11 +293,20 @@ class CapturedModel(torch.nn.Module):
             self._pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        run = self._runner()
         with torch.cuda.stream(side):
             for _ in range(2):
-                self.model(bucket.inputs(), **options)
+                run(bucket.inputs(), **options)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self.model(bucket.inputs(), **options)
+            outputs = run(bucket.inputs(), **options)
         bucket.graph, bucket.outputs = graph, outputs
+
+    def _runner(self):
+        """What a bucket's call runs: the model, or with ``compile`` the model compiled (made once)."""
+        if not self.compile:
+            return self.model
+        if self.__dict__["_compiled"] is None:
+            self.__dict__["_compiled"] = torch.compile(self.model, dynamic=False)
+        return self.__dict__["_compiled"]

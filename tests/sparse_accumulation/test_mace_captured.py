@@ -178,6 +178,7 @@ def test_saved_and_copied_without_its_buckets(generator, tmp_path):
     (dict(max_buckets=True), "max_buckets must be a positive int"),
     (dict(edge_headroom=-1), r"edge_headroom must be a number in \[0, 10\]"),
     (dict(cpu="graphs"), "cpu must be 'eager' or 'padded'"),
+    (dict(compile="default"), "compile must be True or False"),
 ])
 def test_bad_options_are_refused(generator, options, message):
     with pytest.raises(ValueError, match=message):
@@ -244,3 +245,22 @@ def test_a_training_step_captured_by_hand_in_a_fresh_process(tmp_path):
     done = subprocess.run([sys.executable, os.path.join(here, "mace_captured_training.py"), str(seed)], env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr[-6000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.long), pytest.param("cuda", marks=_CUDA)])
+def test_compiled_buckets_equal_maces_model(generator, device):
+    """``compile=True``: each bucket runs (on the CPU, ``cpu="padded"``) or is captured (CUDA) as the model
+    compiled by torch.compile; energies, forces and stress equal MACE's (float64), for new positions and for a
+    neighbour list that outgrows its bucket (a second compiled graph). (On the CPU two minutes of compiling:
+    ``long``.)"""
+    torch._dynamo.reset()
+    model, ours = _models(generator, device, cpu="padded", compile=True)
+    crystal, molecule = structures(generator)
+    for factor, captures in ((1.0, 1), (1.0, 1), (0.8, 2)):
+        moved = _squeezed(crystal, factor)
+        moved.positions += 0.01 * factor
+        data = _on(batch([moved, molecule], model), device)
+        _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
+        assert ours.captures == captures
+    assert ours._compiled is not None
