@@ -152,10 +152,16 @@ def mpirun() -> str:
 def run_lammps(model_file: str, data_file: str, out: str, ranks: int = 1, steps: int = 0, threads: int = 1,
                timed_steps: int = 0, atoms: bool = False, record_every: int = 1, timeout: float = 1800,
                comm_width: int = 0, extra=()) -> dict:
-    """Run ``scripts/lammps_mliap_run.py`` under ``mpirun -np ranks`` in a subprocess (a crash of LAMMPS or MPI
-    stays there) and return its JSON; ``comm_width``: :func:`exchange_width` of the model. Raises
-    ``RuntimeError`` with the run's output when it fails."""
-    command = [mpirun(), "-np", str(ranks), sys.executable, RUNNER, "--model", model_file, "--data", data_file,
+    """Run ``scripts/lammps_mliap_run.py`` under ``mpirun -np ranks`` (``--oversubscribe`` with Open MPI where
+    ``ranks`` exceeds the cores) in a subprocess (a crash of LAMMPS or MPI stays there) and return its JSON;
+    ``comm_width``: :func:`exchange_width` of the model. Raises ``RuntimeError`` with the run's output when it
+    fails."""
+    launcher = mpirun()
+    # Open MPI refuses more ranks than cores unless told (MPICH runs them)
+    crowded = ranks > (os.cpu_count() or 1) and "Open MPI" in subprocess.run(
+        [launcher, "--version"], capture_output=True, text=True).stdout
+    command = [launcher, "-np", str(ranks), *(["--oversubscribe"] if crowded else []), sys.executable, RUNNER,
+               "--model", model_file, "--data", data_file,
                "--elements", *ELEMENTS, "--masses", "22.98976928", "35.453", "--out", out, "--steps", str(steps),
                "--record-every", str(record_every), "--timed-steps", str(timed_steps), "--threads", str(threads),
                "--comm-width", str(comm_width), *(["--atoms"] if atoms else []), *extra]
