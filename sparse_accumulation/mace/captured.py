@@ -301,7 +301,11 @@ class CapturedModel(torch.nn.Module):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             outputs = run(bucket.inputs(), **options)
-        bucket.graph, bucket.outputs = graph, outputs
+        # detached (the same memory, which replays write): the captured energy's autograd graph would otherwise
+        # live as long as the bucket, and with it the parameters' gradient accumulators, tied to this capture's
+        # stream, which a later capture that trains the model (a backward into the parameters) would meet
+        bucket.graph = graph
+        bucket.outputs = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
 
     def _runner(self):
         """What a bucket's call runs: the model, or with ``compile`` the model compiled (made once)."""

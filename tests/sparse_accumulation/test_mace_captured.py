@@ -264,3 +264,31 @@ def test_compiled_buckets_equal_maces_model(generator, device):
         _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
         assert ours.captures == captures
     assert ours._compiled is not None
+
+
+def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
+    """A bucket's captured outputs (a capture simulated on the CPU: CUDA's streams and graphs replaced by stand-ins
+    that run the calls) hold no autograd graph: the captured energy's graph would keep the parameters' gradient
+    accumulators, tied to the capture's stream, alive for a later capture of a training step to meet. The
+    outputs still equal MACE's."""
+    import types
+
+    model, ours = _models(generator)
+    data = batch(structures(generator), model)
+    stream = types.SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    options = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
+                   compute_edge_forces=False, compute_atomic_stresses=False)
+    atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
+    bucket = ours._bucket(data, atoms, edges, systems, tuple(options.values()))
+    bucket.fill(data, atoms, edges)
+    ours._capture(bucket, options)
+    tensors = [v for v in bucket.outputs.values() if isinstance(v, torch.Tensor)]
+    assert tensors and all(v.grad_fn is None and not v.requires_grad for v in tensors)
+    _assert_equal_outputs(bucket.real_outputs(bucket.outputs, atoms, edges, copy=True),
+                          model(dict(data), compute_stress=True))
