@@ -18,8 +18,9 @@ velocities of 300 K. Variants:
   :class:`sparse_accumulation.mace.CapturedModel` (the anchor of an engine that captures its MD step by hand);
 * ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
   ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
-* ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices undone (:data:`ABLATIONS`: no row
-  sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process.
+* ``ours-split1``, ``ours-int64``, ``ours-atomic``: ``ours`` with one of the library's choices changed
+  (:data:`ABLATIONS`: no row sharing in the graph kernels of small graphs; int64 sort keys; the convolutions'
+  messages summed by atomic adds, without sorting the edges), for comparisons in one process.
 
 Per variant and size: ``call ms``, the median of ``--repeats`` forces calls (``model(batch, compute_force=True)``,
 CUDA events around each; on the CPU the host clock) on MACE's batch of the crystal, the wrapper's bucket made
@@ -52,11 +53,14 @@ from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, 
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64")
-#: ``ours`` with one of the library's choices undone while it is called (and so captured): (module, name, value)
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64",
+            "ours-atomic")
+#: ``ours`` with one of the library's choices changed while it is called (and so captured): (module, attribute,
+#: value)
 ABLATIONS = {
     "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
     "ours-int64": ("sparse_accumulation.indices", "sort_keys", lambda index, size: index),  # int64 sort keys
+    "ours-atomic": ("sparse_accumulation.mace", "Convolution.reduction", "atomic"),  # messages summed atomically
 }
 
 
@@ -93,20 +97,23 @@ def make_variants(names, mace, device, dtype) -> dict:
 
 
 class Ablated:
-    """``model`` called with ``module.name`` set to ``value`` (an ablation of :data:`ABLATIONS`)."""
+    """``model`` called with ``module.attribute`` (dotted) set to ``value`` (an ablation of :data:`ABLATIONS`)."""
 
-    def __init__(self, model, module: str, name: str, value):
+    def __init__(self, model, module: str, attribute: str, value):
+        import functools
         import importlib
 
-        self.model, self.module, self.name, self.value = model, importlib.import_module(module), name, value
+        *path, self.name = attribute.split(".")
+        self.owner = functools.reduce(getattr, path, importlib.import_module(module))
+        self.model, self.value = model, value
 
     def __call__(self, *args, **kwargs):
-        kept = getattr(self.module, self.name)
-        setattr(self.module, self.name, self.value)
+        kept = getattr(self.owner, self.name)
+        setattr(self.owner, self.name, self.value)
         try:
             return self.model(*args, **kwargs)
         finally:
-            setattr(self.module, self.name, kept)
+            setattr(self.owner, self.name, kept)
 
 
 def call_ms(model, batch, device, repeats: int) -> float:
