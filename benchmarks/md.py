@@ -243,7 +243,7 @@ def main(argv=None):
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
                 if args.profile and device.type == "cuda":
                     row["profile"] = kernel_profile(model, batch, args.profile)
-                if args.train and device.type == "cuda" and isinstance(model, CapturedModel):
+                if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.compile:
                     row.update(train_step_ms(model.model, batch, device, args.repeats))
                 if args.steps and name not in ABLATIONS:
                     row.update(run_md(model, crystal, device, dtype, args.steps))
