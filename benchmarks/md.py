@@ -3,7 +3,7 @@ calculator, for MACE, MACE + cuEquivariance and this library, eager and replayed
 
     python benchmarks/md.py --device cuda --atoms 64 216 512 4096 10648 --steps 1000 --json md_h200.json
     python benchmarks/md.py --device cpu --atoms 64 --steps 20 --variants mace,ours-eager,ours --channels 16
-    python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants cueq-captured,ours --profile 25
+    python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants cueq-captured,ours --profile 25 --profile-ops 30
     python benchmarks/md.py --device cuda --atoms 64 512 4096 --steps 0 --variants cueq-captured,ours --train
 
 The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor as in
@@ -175,6 +175,28 @@ def kernel_profile(model, batch, top: int) -> dict:
             "kernels": [(e.key[:200], e.count, round(e.self_device_time_total, 2)) for e in kernels]}
 
 
+def op_profile(model, batch, top: int) -> list:
+    """The operators of one eager forces call of ``model`` (a CapturedModel's own model: a replay shows kernels,
+    not the operators that launch them) that launch GPU kernels, grouped by operator and the innermost frames of
+    the library's and MACE's code that called it: ``top`` groups by GPU time, as (operator, calls, GPU us,
+    frames)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = getattr(model, "model", model)
+    for _ in range(3):
+        model(dict(batch), compute_force=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+        model(dict(batch), compute_force=True)
+        torch.cuda.synchronize()
+    groups = [e for e in prof.key_averages(group_by_stack_n=4)
+              if e.device_time_total > 0 and e.key.startswith("aten::")]
+    groups.sort(key=lambda e: -e.self_device_time_total)
+    return [(e.key, e.count, round(e.self_device_time_total, 1),
+             [frame for frame in e.stack if "sparse_accumulation" in frame or "mace" in frame][:3])
+            for e in groups[:top]]
+
+
 def run_md(model, crystal, device, dtype, steps: int) -> dict:
     """NVE steps through MACE's ASE calculator: steps per second, energy drift per atom, peak memory."""
     from ase import units
@@ -214,6 +236,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=50, help="forces calls timed per variant and size")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="CUDA: also list the kernels of one forces call, the N longest (torch.profiler)")
+    parser.add_argument("--profile-ops", type=int, default=0, metavar="N",
+                        help="CUDA: also list the N operators of one eager forces call that take the most GPU time, "
+                             "with where the library's or MACE's code called them")
     parser.add_argument("--train", action="store_true",
                         help="CUDA: also time a training step of the replayed variants' models, eager and captured "
                              "by hand into one CUDA graph (train eager / replayed ms)")
@@ -243,6 +268,10 @@ def main(argv=None):
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
                 if args.profile and device.type == "cuda":
                     row["profile"] = kernel_profile(model, batch, args.profile)
+                if args.profile_ops and device.type == "cuda":
+                    row["ops"] = op_profile(model, batch, args.profile_ops)
+                    for op, calls, us, frames in row["ops"]:
+                        print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {op}  {' < '.join(frames)}", flush=True)
                 if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.compile:
                     row.update(train_step_ms(model.model, batch, device, args.repeats))
                 if args.steps and name not in ABLATIONS:
@@ -253,7 +282,7 @@ def main(argv=None):
                 row["error"] = repr(error)[:300]
             rows.append(row)
             shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                             if k not in ("variant", "atoms", "edges", "profile"))
+                             if k not in ("variant", "atoms", "edges", "profile", "ops"))
             print(f"  {name:>14}: {shown}", flush=True)
             if "profile" in row:
                 found = row["profile"]
