@@ -197,14 +197,21 @@ def op_profile(model, batch, top: int) -> list:
             for e in groups[:top]]
 
 
-def run_md(model, crystal, device, dtype, steps: int) -> dict:
-    """NVE steps through MACE's ASE calculator: steps per second, energy drift per atom, peak memory."""
+def run_md(model, crystal, device, dtype, steps: int, calculator: str = "mace") -> dict:
+    """NVE steps through an ASE calculator (``calculator``: ``"mace"``, MACE's; ``"ours"``,
+    :class:`sparse_accumulation.mace.Calculator`): steps per second, energy drift per atom, peak memory."""
     from ase import units
     from ase.md.verlet import VelocityVerlet
     from mace.calculators import MACECalculator
 
+    from sparse_accumulation.mace import Calculator
+
     atoms = crystal.copy()
-    atoms.calc = MACECalculator(models=model, device=device.type, default_dtype=str(dtype).split(".")[-1])
+    dtype_name = str(dtype).split(".")[-1]
+    if calculator == "mace":
+        atoms.calc = MACECalculator(models=model, device=device.type, default_dtype=dtype_name)
+    else:
+        atoms.calc = Calculator(model, device=device.type, default_dtype=dtype_name)
     dynamics = VelocityVerlet(atoms, timestep=1.0 * units.fs)
     dynamics.run(3)
     energies = []
@@ -233,6 +240,9 @@ def main(argv=None):
     parser.add_argument("--channels", type=int, default=128)
     parser.add_argument("--elements", type=int, default=89)
     parser.add_argument("--steps", type=int, default=1000, help="NVE steps timed per variant and size (0: none)")
+    parser.add_argument("--calculator", choices=["mace", "ours"], default="mace",
+                        help="the ASE calculator of the NVE steps: MACE's (MACECalculator(models=...)) or "
+                             "sparse_accumulation.mace.Calculator (MACE's batch made once, then moved)")
     parser.add_argument("--repeats", type=int, default=50, help="forces calls timed per variant and size")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="CUDA: also list the kernels of one forces call, the N longest (torch.profiler)")
@@ -275,7 +285,7 @@ def main(argv=None):
                 if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.compile:
                     row.update(train_step_ms(model.model, batch, device, args.repeats))
                 if args.steps and name not in ABLATIONS:
-                    row.update(run_md(model, crystal, device, dtype, args.steps))
+                    row.update(run_md(model, crystal, device, dtype, args.steps, args.calculator))
             except torch.OutOfMemoryError:
                 row["error"] = "out of memory"
             except Exception as error:  # noqa: BLE001 - a variant that fails is a result; the others still run

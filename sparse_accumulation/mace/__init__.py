@@ -5,11 +5,21 @@
 MACE module with its weights. :func:`accelerate` converts a MACE model in place (its convolutions to fused
 message passing, :class:`Convolution`, its symmetric contractions, and its skip connections to one matrix product
 per element, :class:`ElementLinear`). :class:`CapturedModel` replays a model's molecular-dynamics calls from CUDA
-graphs. mace-torch is never imported here.
+graphs; :class:`Calculator` (``sparse_accumulation.mace.calculator``, imported on first use: it needs ASE) is an
+ASE calculator that builds MACE's batch once and then moves it. mace-torch is never imported here.
 """
 from .accelerate import INTERACTION_BLOCKS, Convolution, accelerate
 from .captured import CapturedModel
 from .element_linear import ElementLinear
 from .symmetric_contraction import SymmetricContraction
 
-__all__ = ["SymmetricContraction", "accelerate", "Convolution", "ElementLinear", "INTERACTION_BLOCKS", "CapturedModel"]
+__all__ = ["SymmetricContraction", "accelerate", "Convolution", "ElementLinear", "INTERACTION_BLOCKS", "CapturedModel",
+           "Calculator"]
+
+
+def __getattr__(name: str):
+    if name == "Calculator":  # ASE is imported with it
+        from .calculator import Calculator
+
+        return Calculator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
