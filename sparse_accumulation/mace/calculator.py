@@ -39,12 +39,14 @@ class Calculator(_AseCalculator):
         model: the model; moved to ``device`` and ``default_dtype``.
         device: ``"cpu"``, ``"cuda"`` ... (default: the model's).
         default_dtype: ``"float64"`` (default) or ``"float32"``: the model's and the batch's dtype.
-        head: the head of a multi-head model (default: MACE's default, its last head).
+        head: the head of a multi-head model (default: as MACE's calculator, the only head or the one named
+            "default").
         **kwargs: ASE's ``Calculator`` arguments.
 
     Raises:
         ImportError: mace-torch or ASE is not installed.
-        ValueError: a model without ``r_max`` and ``atomic_numbers`` (not a MACE model), an unknown dtype.
+        ValueError: a model without ``r_max`` and ``atomic_numbers`` (not a MACE model), an unknown dtype, a head
+            the model lacks (or none given where the model has several heads and none is named "default").
     """
 
     implemented_properties = ["energy", "free_energy", "energies", "forces", "stress"]
@@ -66,7 +68,14 @@ class Calculator(_AseCalculator):
         self.device = torch.device(device)
         self.model = model.to(self.device, self.dtype)
         heads = list(getattr(model, "heads", None) or ["Default"])
-        self.heads, self.head = heads, head if head is not None else heads[-1]
+        if head is None:  # as MACE's calculator chooses
+            named = [h for h in heads if h.lower() == "default"]
+            if len(heads) > 1 and not named:
+                raise ValueError(f"head is required: the model has heads {heads}, none named 'default'")
+            head = heads[0] if len(heads) == 1 else named[0]
+        elif head not in heads:
+            raise ValueError(f"head must be one of the model's heads {heads}, got {head!r}")
+        self.heads, self.head = heads, head
         self.r_max = float(model.r_max)
         self._batch = None
 

@@ -110,5 +110,8 @@ def test_what_is_not_a_mace_model_is_refused():
 
     with pytest.raises(ValueError, match="model must be a MACE model"):
         Calculator(torch.nn.Linear(2, 2))
+    model = mace_model(torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="default_dtype must be 'float64' or 'float32'"):
-        Calculator(mace_model(torch.Generator().manual_seed(0)), default_dtype="float16")
+        Calculator(model, default_dtype="float16")
+    with pytest.raises(ValueError, match=r"head must be one of the model's heads \['Default'\], got 'other'"):
+        Calculator(model, head="other")
