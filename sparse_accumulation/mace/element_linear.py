@@ -177,10 +177,13 @@ class ElementLinear(torch.nn.Module):
         slot = torch.empty(N + 1, dtype=torch.int64, device=x.device).scatter_(
             0, torch.where(valid, node, N).flatten(), torch.arange(tiles * rows, device=x.device))[:N]
         parts = []
+        # index_select, not advanced indexing: its gradient is an index_add, where indexing's is an index_put with
+        # accumulation, which sorts the indices first (on CUDA two sorts and a slow scatter per call)
+        node = node.reshape(-1)
         for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
-            features = x[:, start:start + mul_in * dim].view(N, mul_in, dim).transpose(1, 2)[node]
+            features = x[:, start:start + mul_in * dim].view(N, mul_in, dim).transpose(1, 2).index_select(0, node)
             weights = self._weights(offset, mul_in, mul_out).index_select(1, table[0]).transpose(0, 1)
             product = torch.bmm(features.reshape(tiles, rows * dim, mul_in), weights)  # [tiles, rows * dim, w]
-            parts.append((i_out, (factor * product).view(tiles * rows, dim, mul_out)[slot].transpose(1, 2).reshape(
-                N, mul_out * dim)))
+            parts.append((i_out, (factor * product).view(tiles * rows, dim, mul_out).index_select(0, slot)
+                          .transpose(1, 2).reshape(N, mul_out * dim)))
         return parts
