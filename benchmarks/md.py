@@ -182,7 +182,8 @@ def op_profile(model, batch, top: int) -> list:
     frames)."""
     from torch.profiler import ProfilerActivity, profile
 
-    model = getattr(model, "model", model)
+    if isinstance(model, CapturedModel):
+        model = model.model
     for _ in range(3):
         model(dict(batch), compute_force=True)
     torch.cuda.synchronize()
@@ -278,7 +279,7 @@ def main(argv=None):
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
                 if args.profile and device.type == "cuda":
                     row["profile"] = kernel_profile(model, batch, args.profile)
-                if args.profile_ops and device.type == "cuda":
+                if args.profile_ops and device.type == "cuda" and name not in ABLATIONS:
                     row["ops"] = op_profile(model, batch, args.profile_ops)
                     for op, calls, us, frames in row["ops"]:
                         print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {op}  {' < '.join(frames)}", flush=True)
