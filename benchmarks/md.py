@@ -283,7 +283,7 @@ def main(argv=None):
                     row["ops"] = op_profile(model, batch, args.profile_ops)
                     for op, calls, us, frames in row["ops"]:
                         print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {op}  {' < '.join(frames)}", flush=True)
-                if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.compile:
+                if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.use_compile:
                     row.update(train_step_ms(model.model, batch, device, args.repeats))
                 if args.steps and name not in ABLATIONS:
                     row.update(run_md(model, crystal, device, dtype, args.steps, args.calculator))

@@ -124,14 +124,14 @@ class Calculator(_AseCalculator):
         batch["edge_index"] = torch.tensor(edge_index, dtype=torch.long, device=device)
         batch["shifts"] = torch.tensor(shifts, dtype=dtype, device=device)
         batch["unit_shifts"] = torch.tensor(unit_shifts, dtype=dtype, device=device)
-        cell = torch.tensor(cell, dtype=dtype, device=device)
-        batch["cell"] = cell.view(batch["cell"].shape)
-        if "volume" in batch:  # (a non-periodic direction's cell follows the positions): as MACE's AtomicData
-            volume = torch.linalg.det(cell)
-            batch["volume"] = volume.view(batch["volume"].shape)
+        cell = torch.tensor(cell, dtype=dtype)
+        batch["cell"] = cell.view(batch["cell"].shape).to(device)
+        if "volume" in batch:  # (a non-periodic direction's cell follows the positions): as MACE's AtomicData, on
+            volume = torch.linalg.det(cell)  # the host
+            batch["volume"] = volume.view(batch["volume"].shape).to(device)
             if "rcell" in batch:
                 rcell = 2 * torch.pi * torch.linalg.inv(cell.mT) if volume.abs() > 0 else torch.zeros_like(cell)
-                batch["rcell"] = rcell.view(batch["rcell"].shape)
+                batch["rcell"] = rcell.view(batch["rcell"].shape).to(device)
 
 
 def _mace():

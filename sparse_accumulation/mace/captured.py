@@ -200,7 +200,7 @@ class CapturedModel(torch.nn.Module):
             raise ValueError(f"model must be a MACE model (with r_max), got {type(model).__name__}")
         self.model = model
         self.atom_multiple, self.edge_headroom, self.edge_multiple = atom_multiple, float(edge_headroom), edge_multiple
-        self.max_buckets, self.cpu, self.compile = max_buckets, cpu, compile
+        self.max_buckets, self.cpu, self.use_compile = max_buckets, cpu, compile
         self.__dict__["_compiled"] = None  # torch.compile of the model, made on first use (not a submodule)
         self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()
         self._pool = None
@@ -282,7 +282,7 @@ class CapturedModel(torch.nn.Module):
         while len(self._buckets) >= self.max_buckets:
             self._buckets.popitem(last=False)
         bucket = _Bucket(data, size[0], size[1], systems, 2.0 * float(self.model.r_max) + 1.0,
-                         leaves=self.compile)
+                         leaves=self.use_compile)
         self._buckets[(kind, size)] = bucket
         self.captures += 1
         return bucket
@@ -309,7 +309,7 @@ class CapturedModel(torch.nn.Module):
 
     def _runner(self):
         """What a bucket's call runs: the model, or with ``compile`` the model compiled (made once)."""
-        if not self.compile:
+        if not self.use_compile:
             return self.model
         if self.__dict__["_compiled"] is None:
             self.__dict__["_compiled"] = torch.compile(self.model, dynamic=False)
