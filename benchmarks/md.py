@@ -18,9 +18,8 @@ velocities of 300 K. Variants:
   :class:`sparse_accumulation.mace.CapturedModel` (the anchor of an engine that captures its MD step by hand);
 * ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
   ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
-* ``ours-split1``, ``ours-int64``, ``ours-atomic``: ``ours`` with one of the library's choices changed
-  (:data:`ABLATIONS`: no row sharing in the graph kernels of small graphs; int64 sort keys; the convolutions'
-  messages summed by atomic adds, without sorting the edges), for comparisons in one process.
+* ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices undone (:data:`ABLATIONS`: no row
+  sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process.
 
 Per variant and size: ``call ms``, the median of ``--repeats`` forces calls (``model(batch, compute_force=True)``,
 CUDA events around each; on the CPU the host clock) on MACE's batch of the crystal, the wrapper's bucket made
@@ -53,14 +52,12 @@ from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, 
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64",
-            "ours-atomic")
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64")
 #: ``ours`` with one of the library's choices changed while it is called (and so captured): (module, attribute,
 #: value)
 ABLATIONS = {
     "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
     "ours-int64": ("sparse_accumulation.indices", "sort_keys", lambda index, size: index),  # int64 sort keys
-    "ours-atomic": ("sparse_accumulation.mace", "Convolution.reduction", "atomic"),  # messages summed atomically
 }
 
 

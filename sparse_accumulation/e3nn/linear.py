@@ -159,6 +159,9 @@ class Linear(ExactBuffers, torch.nn.Module):
             else:
                 ours.register_buffer(name, value)
         ours.output_mask = linear.output_mask.clone()
+        if linear.weight.is_floating_point():  # the path weights where the layer's weights are
+            ours.register_exact("path_weight_values", ours._exact_values["path_weight_values"], linear.weight.dtype,
+                                linear.weight.device)
         return ours
 
     def __repr__(self) -> str:
@@ -241,9 +244,13 @@ class Linear(ExactBuffers, torch.nn.Module):
 
     @torch.jit.unused
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
-        """Each weight entry's path weight on ``weight``'s device, in its dtype (made once per pair; not kept when
-        made while compiling, or inside inference mode, where it would be an inference tensor that a later call
-        that trains could not save for its backward)."""
+        """Each weight entry's path weight on ``weight``'s device, in its dtype: the module's buffer where it has
+        them (a compiled graph then copies nothing from the host, which a CUDA graph could not capture), else made
+        from the float64 values once per pair (not kept when made while compiling, or inside inference mode, where it
+        would be an inference tensor that a later call that trains could not save for its backward)."""
+        held = self.path_weight_values
+        if held.device == weight.device and held.dtype == weight.dtype:
+            return held
         key = (weight.device, weight.dtype)
         found = self._path_weights.get(key)
         if found is None:

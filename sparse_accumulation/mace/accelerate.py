@@ -128,10 +128,6 @@ class Convolution(torch.nn.Module):
     #: network whose last layer is linear) are computed whole where they take at most this many bytes, else in
     #: chunks of edges of about this size, each recomputed in the backward instead of kept
     chunk_bytes = 2**31
-    #: how the messages are summed at their receivers: None (the library's default, ``"segment"``: sorted edges,
-    #: deterministic) or ``"atomic"`` (CUDA: atomic adds, no sorting of the edges; the sums' order, and so their
-    #: last bits, vary from call to call), see :func:`sparse_accumulation.accumulate_graph`
-    reduction: Optional[str] = None
 
     @property
     def weight_numel(self) -> int:
@@ -175,11 +171,8 @@ class Convolution(torch.nn.Module):
 
     def _messages(self, node_feats: torch.Tensor, edge_attrs: torch.Tensor, tp_weights: torch.Tensor,
                   edge_index: torch.Tensor) -> torch.Tensor:
-        reduction: Optional[str] = None
-        if not torch.jit.is_scripting():  # (a class attribute, which TorchScript does not see: segment sums there)
-            reduction = self.reduction
         return self.tensor_product(node_feats, edge_attrs, tp_weights, indices_1=edge_index[0],
-                                   indices_out=edge_index[1], size_out=node_feats.shape[0], reduction=reduction)
+                                   indices_out=edge_index[1], size_out=node_feats.shape[0])
 
     def _deferred_messages(self, node_feats, edge_attrs, features, matrix, scale, edge_index, hidden_of):
         weights = DeferredWeights(features, matrix, scale, hidden_of).materialize()

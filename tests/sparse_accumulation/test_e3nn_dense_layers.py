@@ -100,6 +100,27 @@ def test_linear_made_from_irreps_has_e3nns_state_and_loads_both_ways(generator):
     assert [i for i, _, _ in ours.weight_views(yield_instruction=True)] == weighted
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_compiled_converted_linear_converts_no_tensor(generator, dtype):
+    """``from_e3nn`` of a layer in ``dtype``: its path weights are a buffer in that dtype, so a compiled graph reads
+    the layer's own tensors and its input and converts none (a conversion inside the graph of a tensor kept on the
+    host would be a copy to the device, which a CUDA graph cannot capture)."""
+    theirs = _e3nns_with_random_parameters(lambda: o3.Linear("4x0e + 2x1o", "3x0e + 2x1o"), generator).to(dtype)
+    ours = Linear.from_e3nn(theirs)
+    x = torch.randn(5, theirs.irreps_in.dim, generator=generator, dtype=dtype)
+    graphs = []
+
+    def recording(graph, inputs):
+        graphs.append(graph)
+        return graph
+
+    torch._dynamo.reset()
+    got = torch.compile(ours, backend=recording, fullgraph=True)(x)
+    (graph,) = graphs
+    assert not [node for node in graph.graph.nodes if node.target == "to"]
+    assert torch.allclose(got, theirs(x), rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-12)
+
+
 def test_linear_on_empty_rows_and_leading_dimensions():
     ours = Linear("2x0e + 1x1o", "3x0e + 2x1o")
     assert ours(torch.randn(0, 5)).shape == (0, 9)

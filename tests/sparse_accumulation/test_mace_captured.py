@@ -292,24 +292,3 @@ def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
     assert tensors and all(v.grad_fn is None and not v.requires_grad for v in tensors)
     _assert_equal_outputs(bucket.real_outputs(bucket.outputs, atoms, edges, copy=True),
                           model(dict(data), compute_stress=True))
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_replays_with_messages_summed_atomically_equal_maces_model(monkeypatch, generator):
-    """``Convolution.reduction = "atomic"``: the captured call sums the messages by atomic adds and sorts no edges
-    (only the elements); energies, forces and stress still equal MACE's (float64), captured and replayed."""
-    from sparse_accumulation.mace import Convolution
-
-    monkeypatch.setattr(Convolution, "reduction", "atomic")
-    captured_sorts, real_segments = [], indices.segments
-    monkeypatch.setattr(indices, "segments",
-                        lambda t, n: (indices.capturing(t) and captured_sorts.append(n)) or real_segments(t, n))
-    model, ours = _models(generator, "cuda")
-    crystal, molecule = structures(generator)
-    for shift in (0.0, 0.01):  # the capture, then a replay for new positions
-        moved = crystal.copy()
-        moved.positions += shift
-        data = _on(batch([moved, molecule], model), "cuda")
-        _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
-    assert ours.captures == 1 and not captured_sorts
