@@ -1,6 +1,6 @@
 """MACE models on this library's kernels: :func:`accelerate` converts a model MACE built or loaded, in place.
 
-Five kinds of layer change, and nothing else:
+Six kinds of layer change, and nothing else:
 
 * each interaction block's convolution ``conv_tp`` (e3nn's ``TensorProduct``, mode ``"uvu"``, per-edge weights
   from the radial network) becomes a :class:`Convolution`: the gather of the senders' features, the per-edge
@@ -21,7 +21,11 @@ Five kinds of layer change, and nothing else:
   the same function with its normalisation constants folded into its weights. A convolution's radial network
   (whose last layer is linear) leaves its computation to the convolution
   (:class:`~sparse_accumulation.e3nn.DeferredWeights`), which computes the per-edge weights whole for most systems
-  and chunk by chunk for very large ones.
+  and chunk by chunk for very large ones;
+* the edges' spherical harmonics (e3nn's ``o3.SphericalHarmonics``) become
+  :class:`sparse_accumulation.e3nn.SphericalHarmonics`: one matrix product of the edge vectors' tensor powers
+  instead of e3nn's polynomials term by term (about 35 operations forward and backward for ``max_ell = 3``, where
+  e3nn's take about 170, each a kernel launch on a GPU).
 
 A converted MACE model also checks its batch's ``edge_index`` first thing (``prepare_edges_first``, a forward
 pre-hook), so that the convolutions' reading of the indices does not stop the host in the middle of the step.
@@ -44,7 +48,9 @@ from typing import Optional
 
 import torch
 
+from ..e3nn import spherical_harmonics
 from ..e3nn.fully_connected import DeferredWeights, FullyConnectedNet
+from ..e3nn.spherical_harmonics import SphericalHarmonics
 from ..e3nn.tensor_product import TensorProduct
 from .. import indices
 from ..indices import prepared_index, rememberable
@@ -249,8 +255,9 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     <sparse_accumulation.mace.SymmetricContraction.from_mace>` as ``symmetric_contractions``, and every converted
     interaction block's ``skip_tp`` that is e3nn's ``FullyConnectedTensorProduct`` with node attributes of
     scalars becomes an :class:`~.element_linear.ElementLinear`, every e3nn ``o3.Linear`` a
-    :class:`sparse_accumulation.e3nn.Linear` and every e3nn ``nn.FullyConnectedNet`` (the radial networks) a
-    :class:`sparse_accumulation.e3nn.FullyConnectedNet`, each holding the parameters of the layer it replaces. The
+    :class:`sparse_accumulation.e3nn.Linear`, every e3nn ``nn.FullyConnectedNet`` (the radial networks) a
+    :class:`sparse_accumulation.e3nn.FullyConnectedNet` and e3nn's ``o3.SphericalHarmonics`` a
+    :class:`sparse_accumulation.e3nn.SphericalHarmonics`, each holding the parameters of the layer it replaces. The
     rest of the model (embeddings' other parts, activations, MACE's ``forward``) is not touched. A model with
     interaction blocks gets ``prepare_edges_first`` as a forward pre-hook (once). Energies, forces and stress equal
     MACE's to rounding; the state dict is MACE's, key for key. Blocks already converted are left as they are.
@@ -319,7 +326,7 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
                                                    mace_buffers=True) for block in products]
     skips = [ElementLinear(block.skip_tp) if ElementLinear.refusal(getattr(block, "skip_tp", None)) is None
              else None for block in interactions]
-    layers = _dense_layers(model)
+    layers = _e3nn_layers(model)
     for block, convolution, skip in zip(interactions, convolutions, skips):
         block.conv_tp = convolution
         block.conv_fusion = "sparse_accumulation"
@@ -412,13 +419,15 @@ def prepare_edges_first(model, args, kwargs) -> None:
             return
 
 
-def _dense_layers(model: torch.nn.Module) -> list:
-    """``(parent, name, replacement)`` for each of the model's e3nn ``o3.Linear`` (without e3nn's ``f_in``)
-    and ``nn.FullyConnectedNet``."""
+def _e3nn_layers(model: torch.nn.Module) -> list:
+    """``(parent, name, replacement)`` for each of the model's e3nn ``o3.Linear`` (without e3nn's ``f_in``),
+    ``nn.FullyConnectedNet`` and ``o3.SphericalHarmonics`` (up to :data:`~sparse_accumulation.e3nn.spherical_harmonics.MAX_L`,
+    made in the dtype and on the device of the model's first floating parameter, since e3nn's holds no tensor)."""
     from e3nn import nn, o3
 
     from ..e3nn.recognised import Linear  # an o3.Linear to MACE's LoRA
 
+    like = next((t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()), None)
     found = []
     for parent in model.modules():
         for name, child in parent.named_children():
@@ -426,4 +435,7 @@ def _dense_layers(model: torch.nn.Module) -> list:
                 found.append((parent, name, Linear.from_e3nn(child)))
             elif type(child) is nn.FullyConnectedNet:
                 found.append((parent, name, FullyConnectedNet.from_e3nn(child)))
+            elif type(child) is o3.SphericalHarmonics and child._lmax <= spherical_harmonics.MAX_L:
+                harmonics = SphericalHarmonics.from_e3nn(child)
+                found.append((parent, name, harmonics if like is None else harmonics.to(like.device, like.dtype)))
     return found

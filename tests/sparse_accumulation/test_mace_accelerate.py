@@ -19,6 +19,7 @@ from mace_models import CLASSES, RTOL, assert_close, batch, mace_model, modules,
 ase = importlib.import_module("ase")
 from e3nn import o3  # noqa: E402
 
+from sparse_accumulation.e3nn import SphericalHarmonics  # noqa: E402
 from sparse_accumulation.mace import Convolution, ElementLinear, SymmetricContraction, accelerate  # noqa: E402
 
 
@@ -37,6 +38,7 @@ def assert_converted(model):
         assert isinstance(skip, ElementLinear) or not isinstance(skip, o3.FullyConnectedTensorProduct)
     for block in model.products:
         assert isinstance(block.symmetric_contractions, SymmetricContraction)
+    assert isinstance(model.spherical_harmonics, SphericalHarmonics)
 
 
 @pytest.mark.parametrize("scale_shift", [True, False])
