@@ -428,6 +428,28 @@ class Elements:
             self._tiles[rows] = found
         return found
 
+    def tile_slots(self, rows: int) -> tuple:
+        """``(node, slot)`` for the tiles of :meth:`tiles`: ``node [T * rows]`` int64, the node each tile slot
+        holds (in :attr:`order`; a padding slot holds some node and is never read back), and ``slot [N]``, where
+        each node's row lies among the slots. Made once per ``rows`` by device operations."""
+        key = ("slots", rows)
+        found = self._tiles.get(key)
+        if found is None:
+            table, _ = self.tiles(rows)
+            N, tiles, device = len(self), table.shape[1], self.tensor.device
+            if N == 0:
+                empty = torch.zeros(0, dtype=torch.int64, device=device)
+                self._tiles[key] = (torch.zeros(tiles * rows, dtype=torch.int64, device=device), empty)
+                return self._tiles[key]
+            position = table[1][:, None] + torch.arange(rows, device=device)  # [tiles, rows] slots in order
+            valid = position < table[2][:, None]
+            node = self.order[position.clamp(max=N - 1)]
+            # padding slots write to row N, dropped
+            slot = torch.empty(N + 1, dtype=torch.int64, device=device).scatter_(
+                0, torch.where(valid, node, N).flatten(), torch.arange(tiles * rows, device=device))[:N]
+            found = self._tiles[key] = (node.reshape(-1), slot)
+        return found
+
 
 def element_segments(elements: torch.Tensor, num_elements: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(order, starts)`` of int64 ``elements``: the nodes sorted by element (stable), and the ``[E + 1]``

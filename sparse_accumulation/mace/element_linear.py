@@ -170,16 +170,10 @@ class ElementLinear(torch.nn.Module):
         rows = tile_rows(N, self.num_elements)
         table, _ = elements.tiles(rows)
         tiles = table.shape[1]
-        position = table[1][:, None] + torch.arange(rows, device=x.device)  # [tiles, rows] slots in order
-        valid = position < table[2][:, None]
-        node = elements.order[position.clamp(max=N - 1)]  # padding slots read a node, never read back
-        # where each node's row lies among the slots (padding slots write to row N, dropped)
-        slot = torch.empty(N + 1, dtype=torch.int64, device=x.device).scatter_(
-            0, torch.where(valid, node, N).flatten(), torch.arange(tiles * rows, device=x.device))[:N]
+        node, slot = elements.tile_slots(rows)  # (made once per elements, shared by every layer that uses them)
         parts = []
         # index_select, not advanced indexing: its gradient is an index_add, where indexing's is an index_put with
         # accumulation, which sorts the indices first (on CUDA two sorts and a slow scatter per call)
-        node = node.reshape(-1)
         for start, mul_in, dim, i_out, mul_out, offset, factor in self._paths:
             features = x[:, start:start + mul_in * dim].view(N, mul_in, dim).transpose(1, 2).index_select(0, node)
             weights = self._weights(offset, mul_in, mul_out).index_select(1, table[0]).transpose(0, 1)
