@@ -1,6 +1,6 @@
 """MACE models on this library's kernels: :func:`accelerate` converts a model MACE built or loaded, in place.
 
-Seven kinds of layer change, and nothing else:
+Eight kinds of layer change, and nothing else:
 
 * each interaction block's convolution ``conv_tp`` (e3nn's ``TensorProduct``, mode ``"uvu"``, per-edge weights
   from the radial network) becomes a :class:`Convolution`: the gather of the senders' features, the per-edge
@@ -28,7 +28,9 @@ Seven kinds of layer change, and nothing else:
   e3nn's take about 170, each a kernel launch on a GPU);
 * the radial embedding (MACE's ``RadialEmbeddingBlock`` with a Bessel basis, a polynomial cutoff and no distance
   transform) becomes a :class:`~.radial.RadialEmbedding`: the same function in about 40 operations forward and
-  backward instead of 80.
+  backward instead of 80;
+* each converted interaction block's ``reshape`` (MACE's ``reshape_irreps`` of the message to ``[N, mul, dim]``)
+  becomes a :class:`~.reshape.ReshapeIrreps`: one column permutation, whose gradient is one gather too.
 
 A converted MACE model also checks its batch's ``edge_index`` first thing (``prepare_edges_first``, a forward
 pre-hook), so that the convolutions' reading of the indices does not stop the host in the middle of the step.
@@ -60,6 +62,7 @@ from ..indices import prepared_index, rememberable
 from ..ops.dispatch import saving_only
 from .element_linear import ElementLinear
 from .radial import RadialEmbedding
+from .reshape import ReshapeIrreps
 from .symmetric_contraction import SymmetricContraction
 
 __all__ = ["accelerate", "Convolution", "INTERACTION_BLOCKS", "prepare_edges_first"]
@@ -262,7 +265,8 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
     :class:`sparse_accumulation.e3nn.Linear`, every e3nn ``nn.FullyConnectedNet`` (the radial networks) a
     :class:`sparse_accumulation.e3nn.FullyConnectedNet` and e3nn's ``o3.SphericalHarmonics`` a
     :class:`sparse_accumulation.e3nn.SphericalHarmonics` and a ``RadialEmbeddingBlock`` of MACE's Bessel basis and
-    polynomial cutoff a :class:`~.radial.RadialEmbedding`, each holding the parameters of the layer it replaces. The
+    polynomial cutoff a :class:`~.radial.RadialEmbedding` (and each converted interaction block's ``reshape`` a
+    :class:`~.reshape.ReshapeIrreps`), each holding the parameters of the layer it replaces. The
     rest of the model (embeddings' other parts, activations, MACE's ``forward``) is not touched. A model with
     interaction blocks gets ``prepare_edges_first`` as a forward pre-hook (once). Energies, forces and stress equal
     MACE's to rounding; the state dict is MACE's, key for key. Blocks already converted are left as they are.
@@ -331,6 +335,7 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
                                                    mace_buffers=True) for block in products]
     skips = [ElementLinear(block.skip_tp) if ElementLinear.refusal(getattr(block, "skip_tp", None)) is None
              else None for block in interactions]
+    reshapes = [_reshape_of(block) for block in interactions]
     layers = _e3nn_layers(model) + [(parent, name, RadialEmbedding(child)) for parent in model.modules()
                                     for name, child in parent.named_children() if RadialEmbedding.refusal(child) is None]
     for block, convolution, skip in zip(interactions, convolutions, skips):
@@ -338,6 +343,9 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
         block.conv_fusion = "sparse_accumulation"
         if skip is not None:
             block.skip_tp = skip
+    for block, reshape in zip(interactions, reshapes):
+        if reshape is not None:
+            block.reshape = reshape
     for block, contraction in zip(products, contractions):
         block.symmetric_contractions = contraction
     for parent, name, layer in layers:
@@ -355,6 +363,15 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
 
 
 _PREPARES_EDGES = "_sparse_accumulation_prepares_edges"
+
+
+def _reshape_of(block: torch.nn.Module) -> Optional[ReshapeIrreps]:
+    """The :class:`~.reshape.ReshapeIrreps` of ``block.reshape``, or None where there is none to convert (not MACE's
+    ``reshape_irreps`` of e3nn's layout, or irreps of several multiplicities)."""
+    try:
+        return ReshapeIrreps.from_mace(getattr(block, "reshape", None))
+    except (TypeError, ValueError):
+        return None
 
 
 def _without_edge_hook(model: torch.nn.Module) -> torch.nn.Module:

@@ -21,6 +21,7 @@ from e3nn import o3  # noqa: E402
 
 from sparse_accumulation.e3nn import SphericalHarmonics  # noqa: E402
 from sparse_accumulation.mace import Convolution, ElementLinear, SymmetricContraction, accelerate  # noqa: E402
+from sparse_accumulation.mace.reshape import ReshapeIrreps  # noqa: E402
 
 
 def assert_same_outputs(ours, theirs, data, stress=True):
@@ -33,7 +34,7 @@ def assert_same_outputs(ours, theirs, data, stress=True):
 
 def assert_converted(model):
     for block in model.interactions:
-        assert isinstance(block.conv_tp, Convolution)
+        assert isinstance(block.conv_tp, Convolution) and isinstance(block.reshape, ReshapeIrreps)
         skip = getattr(block, "skip_tp", None)  # (RealAgnosticAttResidualInteractionBlock has none)
         assert isinstance(skip, ElementLinear) or not isinstance(skip, o3.FullyConnectedTensorProduct)
     for block in model.products:
