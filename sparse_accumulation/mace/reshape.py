@@ -49,7 +49,7 @@ class ReshapeIrreps(torch.nn.Module):
             raise ValueError(f"irreps must all have one multiplicity, got {self.irreps}")
         self.mul, self.dim, self.dim_in = muls[0], sum(ir.dim for _, ir in self.irreps), self.irreps.dim
         order = []  # output column (u, i) of irrep block j reads input column start_j + u * d_j + i
-        blocks = list(zip(_starts(self.irreps), (ir.dim for _, ir in self.irreps)))
+        blocks = [(block.start, ir.dim) for block, (_, ir) in zip(self.irreps.slices(), self.irreps)]
         for u in range(self.mul):
             for start, d in blocks:
                 order.extend(start + u * d + i for i in range(d))
@@ -94,10 +94,3 @@ class ReshapeIrreps(torch.nn.Module):
     def _permuted(self, tensor: torch.Tensor) -> torch.Tensor:
         return _Permuted.apply(tensor, self.order, self.inverse)
 
-
-def _starts(irreps) -> list:
-    starts, start = [], 0
-    for mul, ir in irreps:
-        starts.append(start)
-        start += mul * ir.dim
-    return starts
