@@ -225,3 +225,30 @@ def test_compiled_calls_match_eager(generator):
     eager_inputs = [t.clone().requires_grad_() for t in (X1, X2, W)]
     for a, b in zip(torch.autograd.grad(ours, inputs, G), torch.autograd.grad(f(*eager_inputs), eager_inputs, G)):
         assert torch.equal(a, b)
+
+
+def test_registered_op_gradients_inside_a_checkpoint(generator):
+    """Under a dispatch mode (calls take the registered ops) inside ``torch.utils.checkpoint``, whose backward may
+    unpack each saved tensor once: the gradients equal those of a plain call (float64)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.checkpoint import checkpoint
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    nodes, edges = 6, 25
+    m1, m2, mu, C = sa.get_cg_transformation_rule(1, 1, 1, dtype=torch.float64)
+    rule = sa.Rule(m1, m2, mu, 3)
+    edge_index = torch.randint(0, nodes, (2, edges), generator=generator)
+    x = torch.randn(nodes, 2, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(edges, 2, 3, generator=generator, dtype=torch.float64, requires_grad=True)
+
+    def call(x, y):
+        return sa.accumulate_rule(x, y, rule, C, indices_1=edge_index[0], indices_out=edge_index[1], size_out=nodes)
+
+    expected = torch.autograd.grad(call(x, y).pow(2).sum(), (x, y))
+    with Passthrough():
+        got = torch.autograd.grad(checkpoint(call, x, y, use_reentrant=False).pow(2).sum(), (x, y))
+    for g, e in zip(got, expected, strict=True):
+        assert torch.allclose(g, e, rtol=1e-12, atol=1e-12)

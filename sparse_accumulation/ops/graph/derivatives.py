@@ -38,6 +38,18 @@ def restore(ctx):
     return tensors, C, indices, offsets, orders
 
 
+def list_gradients(ctx) -> tuple:
+    """The gradients of the list arguments :func:`save` kept (indices, offsets, orders): per list, a list of None
+    where autograd sees its tensors (a list of tensors only), else None (a list holding None is one opaque
+    argument). Read from what :func:`save` recorded, not from the saved tensors: inside a checkpoint a backward
+    may unpack those only once."""
+    result, start = [], ctx.lengths[0] + ctx.lengths[1]
+    for n in ctx.lengths[2:]:
+        result.append([None] * n if all(ctx.present[start:start + n]) else None)
+        start += n
+    return tuple(result)
+
+
 def _replaced(tensors, slot, value):
     result = list(tensors)
     result[slot] = value
@@ -173,9 +185,3 @@ def _prefetch(tensors, C, indices, offsets, orders, args, wanted, c_wanted, run,
         return [C.new_zeros(()) for _ in outputs]  # nothing was computed; scalars that add up
 
     accumulate_gradients(saved, grads, accumulate, lambda *call: None)
-
-
-def no_gradient(values: list):
-    """The gradient of a list argument: a list of None where autograd sees its tensors (a list of tensors
-    only), else None (a list holding None is one opaque argument)."""
-    return [None] * len(values) if all(isinstance(v, Tensor) for v in values) else None

@@ -182,10 +182,8 @@ def _setup_accumulate(ctx, inputs, output):
 
 
 def _accumulate_grad(ctx, grads):
-    tensors, _, indices, offsets, orders = derivatives.restore(ctx)
-    lists = tuple(derivatives.no_gradient(v) for v in (indices, offsets, orders))
-    return (derivatives.accumulate_gradients(ctx, grads, graph_accumulate, graph_coefficient_sums) + lists
-            + (None,) * 6)
+    return (derivatives.accumulate_gradients(ctx, grads, graph_accumulate, graph_coefficient_sums)
+            + derivatives.list_gradients(ctx) + (None,) * 6)
 
 
 graph_accumulate.register_autograd(_accumulate_grad, setup_context=_setup_accumulate)
@@ -198,8 +196,7 @@ def _setup_sums(ctx, inputs, output):
 
 
 def _sums_grad(ctx, grad):
-    indices = derivatives.restore(ctx)[2]
-    return (*derivatives.sum_gradients(ctx, grad, graph_accumulate), derivatives.no_gradient(indices)) + (None,) * 3
+    return (*derivatives.sum_gradients(ctx, grad, graph_accumulate), derivatives.list_gradients(ctx)[0]) + (None,) * 3
 
 
 graph_coefficient_sums.register_autograd(_sums_grad, setup_context=_setup_sums)
