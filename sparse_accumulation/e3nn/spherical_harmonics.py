@@ -5,9 +5,11 @@ so every output of e3nn's module is a fixed linear combination of the entries of
 ``u (x) ... (x) u`` (``u`` the vector, normalized where asked). e3nn evaluates its polynomials term by term:
 about 50 elementwise operations forward and 120 backward for ``lmax = 3`` (MACE's default), each a pass over the
 edges, and on a GPU each a kernel launch. Here the tensor powers are built with one broadcast product per degree
-and mapped to the outputs by one matrix product with a constant coefficient matrix: about 7 operations forward
-and 20 backward, every derivative order by torch's autograd, so TorchScript, ``torch.compile`` and force training
-work unchanged.
+and mapped to the outputs by one matrix product with a constant coefficient matrix, and the gradient is the
+Jacobian's polynomials (one degree lower, one more constant matrix) contracted with the output gradient: about 7
+operations forward and 19 backward, the normalization's included. The backward is made of differentiable
+operations, so force training differentiates it again; TorchScript and ``torch.compile`` run the plain form
+(autograd's own derivatives), which compiled graphs fuse.
 
 The coefficients are read off e3nn's own polynomials when the module is made (a least-squares fit on random
 vectors, which is exact for polynomials of that degree; the fit's residual is checked), so they follow e3nn's
@@ -65,8 +67,10 @@ class SphericalHarmonics(ExactBuffers, torch.nn.Module):
         if self._lmax > MAX_L:
             raise NotImplementedError(f"SphericalHarmonics: degrees up to {MAX_L}, got lmax = {self._lmax}")
         constant, matrix = _coefficients(o3, self._ls_list, normalization, self._lmax)
-        self.register_exact("constant", constant, torch.get_default_dtype())
-        self.register_exact("matrix", matrix, torch.get_default_dtype())
+        jacobian_constant, jacobian = _jacobian(matrix, self._lmax)
+        for name, values in (("constant", constant), ("matrix", matrix), ("jacobian_constant", jacobian_constant),
+                             ("jacobian", jacobian)):
+            self.register_exact(name, values, torch.get_default_dtype())
 
     @classmethod
     def from_e3nn(cls, module: torch.nn.Module) -> "SphericalHarmonics":
@@ -98,14 +102,59 @@ class SphericalHarmonics(ExactBuffers, torch.nn.Module):
         u = x.reshape(-1, 3)
         if self.normalize:  # e3nn's: x / max(|x|, 1e-12)
             u = u / torch.linalg.vector_norm(u, dim=1, keepdim=True).clamp_min(1e-12)
-        powers: List[torch.Tensor] = [u]
-        power = u
-        for _ in range(1, self._lmax):
-            power = (power.unsqueeze(2) * u.unsqueeze(1)).reshape(u.shape[0], power.shape[1] * 3)
-            powers.append(power)
-        features = torch.cat(powers, dim=1) if len(powers) > 1 else u
         matrix, constant = self.matrix.to(x.dtype), self.constant.to(x.dtype)
-        return torch.addmm(constant, features, matrix).reshape(lead + [constant.shape[0]])
+        if torch.jit.is_scripting() or not u.requires_grad or self._traced():
+            # (compiled graphs differentiate the plain form themselves, to any order, and fuse it)
+            out = torch.addmm(constant, tensor_powers(u, self._lmax), matrix)
+        else:
+            out = self._differentiable(u, matrix, constant)
+        return out.reshape(lead + [constant.shape[0]])
+
+    @torch.jit.unused
+    def _traced(self):
+        return torch.compiler.is_compiling()
+
+    @torch.jit.unused
+    def _differentiable(self, u: torch.Tensor, matrix: torch.Tensor, constant: torch.Tensor) -> torch.Tensor:
+        return _Harmonics.apply(u, matrix, constant, self.jacobian.to(u.dtype), self.jacobian_constant.to(u.dtype),
+                                self._lmax)
+
+
+def tensor_powers(u: torch.Tensor, degree: int) -> torch.Tensor:
+    """``[rows, 3 + 9 + ... + 3^degree]``: ``u [rows, 3]``, ``u (x) u``, ... flattened (the last factor's index
+    fastest) side by side; ``[rows, 0]`` for degree 0."""
+    if degree < 1:
+        return u[:, :0]
+    powers: List[torch.Tensor] = [u]
+    power = u
+    for _ in range(1, degree):
+        power = (power.unsqueeze(2) * u.unsqueeze(1)).reshape(u.shape[0], power.shape[1] * 3)
+        powers.append(power)
+    return torch.cat(powers, dim=1) if len(powers) > 1 else u
+
+
+class _Harmonics(torch.autograd.Function):
+    """``tensor_powers(u, lmax) @ matrix + constant``, whose gradient is the Jacobian's polynomials (one degree
+    lower) as one matrix product, contracted with the output gradient: ``[rows, dim, 3]`` from
+    ``tensor_powers(u, lmax - 1) @ jacobian + jacobian_constant``. The backward is built of differentiable
+    operations on ``u``, so every further derivative is autograd's."""
+
+    @staticmethod
+    def forward(ctx, u, matrix, constant, jacobian, jacobian_constant, lmax: int):
+        ctx.save_for_backward(u, jacobian, jacobian_constant)
+        ctx.lmax = lmax
+        return torch.addmm(constant, tensor_powers(u, lmax), matrix)
+
+    @staticmethod
+    def backward(ctx, grad):
+        u, jacobian, jacobian_constant = ctx.saved_tensors
+        rows, dim = grad.shape
+        lower = tensor_powers(u, ctx.lmax - 1)
+        if lower.shape[1]:
+            d = torch.addmm(jacobian_constant, lower, jacobian)
+        else:
+            d = jacobian_constant.expand(rows, dim * 3)
+        return torch.bmm(grad.unsqueeze(1), d.view(rows, dim, 3)).view(rows, 3), None, None, None, None, None
 
 
 def _coefficients(o3, ls: List[int], normalization: str, lmax: int):
@@ -137,3 +186,31 @@ def _coefficients(o3, ls: List[int], normalization: str, lmax: int):
             matrix[offsets[l - 1]:offsets[l], column:column + 2 * l + 1] = fit
         column += 2 * l + 1
     return constant, matrix
+
+
+def _jacobian(matrix: torch.Tensor, lmax: int):
+    """``(jacobian_constant [dim * 3], jacobian [3 + ... + 3^(lmax - 1), dim * 3])``, float64: the derivatives
+    of ``tensor_powers(u, lmax) @ matrix`` by ``u_k`` (column ``j * 3 + k``) as combinations of the tensor powers
+    one degree lower. A power's column is a tuple ``(a_1, ..., a_l)`` (the last index fastest); its derivative by
+    ``u_k`` is the sum over the positions ``i`` with ``a_i = k`` of the column of degree ``l - 1`` without
+    ``a_i`` (the constant 1 at degree 1)."""
+    dim = matrix.shape[1]
+    starts = [0]
+    for l in range(1, max(lmax, 1) + 1):
+        starts.append(starts[-1] + 3 ** l)
+    constant = torch.zeros(dim, 3, dtype=torch.float64)
+    lower = torch.zeros(max(starts[lmax - 1] if lmax > 1 else 0, 0), dim, 3, dtype=torch.float64)
+    for l in range(1, lmax + 1):
+        for column in range(3 ** l):
+            digits = [(column // 3 ** (l - 1 - i)) % 3 for i in range(l)]
+            row = matrix[starts[l - 1] + column]
+            for i, k in enumerate(digits):
+                rest = digits[:i] + digits[i + 1:]
+                if not rest:
+                    constant[:, k] += row
+                else:
+                    index = 0
+                    for a in rest:
+                        index = index * 3 + a
+                    lower[starts[l - 2] + index, :, k] += row
+    return constant.reshape(dim * 3), lower.reshape(lower.shape[0], dim * 3)

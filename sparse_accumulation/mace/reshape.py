@@ -84,11 +84,16 @@ class ReshapeIrreps(torch.nn.Module):
         """
         if tensor.dim() != 2 or tensor.shape[1] != self.dim_in:
             raise ValueError(f"tensor must be [N, {self.dim_in}], got shape {list(tensor.shape)}")
-        if torch.jit.is_scripting():
+        if torch.jit.is_scripting() or self._traced():
+            # (index_select's own gradient, an index_add; compiled graphs differentiate it to any order themselves)
             out = tensor.index_select(1, self.order)
         else:
             out = self._permuted(tensor)
         return out.view(tensor.shape[0], self.mul, self.dim)
+
+    @torch.jit.unused
+    def _traced(self):
+        return torch.compiler.is_compiling()
 
     @torch.jit.unused
     def _permuted(self, tensor: torch.Tensor) -> torch.Tensor:
