@@ -19,7 +19,9 @@ velocities of 300 K. Variants:
 * ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
   ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
 * ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices undone (:data:`ABLATIONS`: no row
-  sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process.
+  sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process;
+  ``ours-maces-edges``: ``ours`` with MACE's own spherical harmonics, radial embedding and message reshapes put
+  back (the converted model's other layers as ``ours``).
 
 Per variant and size: ``call ms``, the median of ``--repeats`` forces calls (``model(batch, compute_force=True)``,
 CUDA events around each; on the CPU the host clock) on MACE's batch of the crystal, the wrapper's bucket made
@@ -52,7 +54,8 @@ from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, 
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64")
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64",
+            "ours-maces-edges")
 #: ``ours`` with one of the library's choices changed while it is called (and so captured): (module, attribute,
 #: value)
 ABLATIONS = {
@@ -87,10 +90,21 @@ def make_variants(names, mace, device, dtype) -> dict:
             made[name] = copy.deepcopy(mace).to(device, dtype)
         else:
             ours = accelerate(copy.deepcopy(mace)).to(device, dtype)
+            if name == "ours-maces-edges":
+                with_maces_edge_layers(ours, mace, device, dtype)
             made[name] = ours if name == "ours-eager" else CapturedModel(ours, compile=name == "ours-compiled")
             if name in ABLATIONS:
                 made[name] = Ablated(made[name], *ABLATIONS[name])
     return made
+
+
+def with_maces_edge_layers(ours, mace, device, dtype) -> None:
+    """Put MACE's own spherical harmonics, radial embedding and interaction blocks' reshapes back into the
+    converted ``ours`` (copies of ``mace``'s)."""
+    ours.spherical_harmonics = copy.deepcopy(mace.spherical_harmonics).to(device, dtype)
+    ours.radial_embedding = copy.deepcopy(mace.radial_embedding).to(device, dtype)
+    for block, original in zip(ours.interactions, mace.interactions):
+        block.reshape = copy.deepcopy(original.reshape).to(device, dtype)
 
 
 class Ablated:
