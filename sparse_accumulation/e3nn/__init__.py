@@ -15,6 +15,6 @@ from .spherical_harmonics import SphericalHarmonics
 from .sub import ElementwiseTensorProduct, FullTensorProduct, FullyConnectedTensorProduct, TensorSquare
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
-           "TensorSquare", "Linear", "FullyConnectedNet", "SphericalHarmonics", "DeferredWeights", "Instruction", "SUPPORTED_MODES",
-           "E3NN_MODES", "IRREP_NORMALIZATIONS", "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError",
+           "TensorSquare", "Linear", "FullyConnectedNet", "SphericalHarmonics", "DeferredWeights", "Instruction",
+           "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS", "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError",
            "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]

@@ -163,9 +163,7 @@ def _coefficients(o3, ls: List[int], normalization: str, lmax: int):
     least squares on random vectors (exact for homogeneous polynomials of each degree; checked)."""
     generator = torch.Generator().manual_seed(0)
     points = torch.randn(256, 3, generator=generator, dtype=torch.float64)
-    offsets = [0]
-    for l in range(1, max(lmax, 1) + 1):  # (degree 0 alone: the vector's columns, times zeros)
-        offsets.append(offsets[-1] + 3 ** l)
+    offsets = _offsets(lmax)
     dim = sum(2 * l + 1 for l in ls)
     constant = torch.zeros(dim, dtype=torch.float64)
     matrix = torch.zeros(offsets[-1], dim, dtype=torch.float64)
@@ -175,9 +173,7 @@ def _coefficients(o3, ls: List[int], normalization: str, lmax: int):
         if l == 0:
             constant[column] = values[0, 0]
         else:
-            power = points
-            for _ in range(1, l):
-                power = (power.unsqueeze(2) * points.unsqueeze(1)).reshape(points.shape[0], -1)
+            power = tensor_powers(points, l)[:, offsets[l - 1]:]
             fit = torch.linalg.lstsq(power, values, driver="gelsd").solution
             residual = (power @ fit - values).abs().max().item()
             if residual > 1e-10 * max(values.abs().max().item(), 1.0):
@@ -195,11 +191,9 @@ def _jacobian(matrix: torch.Tensor, lmax: int):
     ``u_k`` is the sum over the positions ``i`` with ``a_i = k`` of the column of degree ``l - 1`` without
     ``a_i`` (the constant 1 at degree 1)."""
     dim = matrix.shape[1]
-    starts = [0]
-    for l in range(1, max(lmax, 1) + 1):
-        starts.append(starts[-1] + 3 ** l)
+    starts = _offsets(lmax)
     constant = torch.zeros(dim, 3, dtype=torch.float64)
-    lower = torch.zeros(max(starts[lmax - 1] if lmax > 1 else 0, 0), dim, 3, dtype=torch.float64)
+    lower = torch.zeros(starts[lmax - 1] if lmax > 1 else 0, dim, 3, dtype=torch.float64)
     for l in range(1, lmax + 1):
         for column in range(3 ** l):
             digits = [(column // 3 ** (l - 1 - i)) % 3 for i in range(l)]
@@ -214,3 +208,11 @@ def _jacobian(matrix: torch.Tensor, lmax: int):
                         index = index * 3 + a
                     lower[starts[l - 2] + index, :, k] += row
     return constant.reshape(dim * 3), lower.reshape(lower.shape[0], dim * 3)
+
+
+def _offsets(lmax: int) -> List[int]:
+    """Where each degree's columns start in :func:`tensor_powers` (degree ``l`` at ``[l - 1]``), and the total."""
+    offsets = [0]
+    for l in range(1, lmax + 1):
+        offsets.append(offsets[-1] + 3 ** l)
+    return offsets

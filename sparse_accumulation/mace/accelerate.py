@@ -53,9 +53,8 @@ from typing import Optional
 
 import torch
 
-from ..e3nn import spherical_harmonics
 from ..e3nn.fully_connected import DeferredWeights, FullyConnectedNet
-from ..e3nn.spherical_harmonics import SphericalHarmonics
+from ..e3nn.spherical_harmonics import MAX_L as HARMONICS_MAX_L, SphericalHarmonics
 from ..e3nn.tensor_product import TensorProduct
 from .. import indices
 from ..indices import prepared_index, rememberable
@@ -337,7 +336,8 @@ def accelerate(model: torch.nn.Module, *, keep_unknown: bool = False,
              else None for block in interactions]
     reshapes = [_reshape_of(block) for block in interactions]
     layers = _e3nn_layers(model) + [(parent, name, RadialEmbedding(child)) for parent in model.modules()
-                                    for name, child in parent.named_children() if RadialEmbedding.refusal(child) is None]
+                                    for name, child in parent.named_children()
+                                    if RadialEmbedding.refusal(child) is None]
     for block, convolution, skip in zip(interactions, convolutions, skips):
         block.conv_tp = convolution
         block.conv_fusion = "sparse_accumulation"
@@ -444,8 +444,8 @@ def prepare_edges_first(model, args, kwargs) -> None:
 
 def _e3nn_layers(model: torch.nn.Module) -> list:
     """``(parent, name, replacement)`` for each of the model's e3nn ``o3.Linear`` (without e3nn's ``f_in``),
-    ``nn.FullyConnectedNet`` and ``o3.SphericalHarmonics`` (up to :data:`~sparse_accumulation.e3nn.spherical_harmonics.MAX_L`,
-    made in the dtype and on the device of the model's first floating parameter, since e3nn's holds no tensor)."""
+    ``nn.FullyConnectedNet`` and ``o3.SphericalHarmonics`` (degrees up to ``HARMONICS_MAX_L``; made in the dtype
+    and on the device of the model's first floating parameter, since e3nn's holds no tensor)."""
     from e3nn import nn, o3
 
     from ..e3nn.recognised import Linear  # an o3.Linear to MACE's LoRA
@@ -458,7 +458,7 @@ def _e3nn_layers(model: torch.nn.Module) -> list:
                 found.append((parent, name, Linear.from_e3nn(child)))
             elif type(child) is nn.FullyConnectedNet:
                 found.append((parent, name, FullyConnectedNet.from_e3nn(child)))
-            elif type(child) is o3.SphericalHarmonics and child._lmax <= spherical_harmonics.MAX_L:
+            elif type(child) is o3.SphericalHarmonics and child._lmax <= HARMONICS_MAX_L:
                 harmonics = SphericalHarmonics.from_e3nn(child)
                 found.append((parent, name, harmonics if like is None else harmonics.to(like.device, like.dtype)))
     return found

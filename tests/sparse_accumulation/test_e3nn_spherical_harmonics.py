@@ -56,6 +56,9 @@ def test_zero_vectors_and_empty_inputs_give_e3nns_values():
     zeros = torch.zeros(3, 3, dtype=torch.float64)
     assert torch.equal(ours(zeros), theirs(zeros))
     assert ours(torch.zeros(0, 2, 3, dtype=torch.float64)).shape == (0, 2, 9)
+    constant = _e3nn("1x0e", True, "integral")  # degree 0 alone: no tensor powers at all
+    vectors = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.equal(SphericalHarmonics.from_e3nn(constant).double()(vectors), constant(vectors))
 
 
 def test_float32_within_float32_rounding_and_torchscript(generator):
