@@ -78,7 +78,9 @@ def test_e3nn_basis_equivariance(o3):
         torch.set_default_dtype(previous)
     for l1, l2, L in triples(6):
         C = cg.clebsch_gordan(l1, l2, L, basis="e3nn")
-        _check_equivariance(C, D[l1], D[l2], D[L], 1e-10, f"{(l1, l2, L)} seed={seed}")
+        # e3nn's wigner_D (matrix exponentials) is accurate to about 1e-10: 1.6e-10 at worst over 60 random
+        # rotations and every triple here
+        _check_equivariance(C, D[l1], D[l2], D[L], 1e-9, f"{(l1, l2, L)} seed={seed}")
 
 
 def test_e3nn_basis_equals_wigner_3j(o3):
