@@ -135,7 +135,7 @@ def tensor_powers(u: torch.Tensor, degree: int) -> torch.Tensor:
 
 class _Harmonics(torch.autograd.Function):
     """``tensor_powers(u, lmax) @ matrix + constant``, whose gradient is the Jacobian's polynomials (one degree
-    lower) as one matrix product, contracted with the output gradient: ``[rows, dim, 3]`` from
+    lower) as one matrix product, contracted with the output gradient: ``[rows, 3, dim]`` from
     ``tensor_powers(u, lmax - 1) @ jacobian + jacobian_constant``. The backward is built of differentiable
     operations on ``u``, so every further derivative is autograd's."""
 
@@ -153,8 +153,9 @@ class _Harmonics(torch.autograd.Function):
         if lower.shape[1]:
             d = torch.addmm(jacobian_constant, lower, jacobian)
         else:
-            d = jacobian_constant.expand(rows, dim * 3)
-        return torch.bmm(grad.unsqueeze(1), d.view(rows, dim, 3)).view(rows, 3), None, None, None, None, None
+            d = jacobian_constant.expand(rows, 3 * dim)
+        # each row's [3, dim] Jacobian times its output gradient
+        return torch.bmm(d.view(rows, 3, dim), grad.unsqueeze(2)).view(rows, 3), None, None, None, None, None
 
 
 def _coefficients(o3, ls: List[int], normalization: str, lmax: int):
@@ -185,15 +186,15 @@ def _coefficients(o3, ls: List[int], normalization: str, lmax: int):
 
 
 def _jacobian(matrix: torch.Tensor, lmax: int):
-    """``(jacobian_constant [dim * 3], jacobian [3 + ... + 3^(lmax - 1), dim * 3])``, float64: the derivatives
-    of ``tensor_powers(u, lmax) @ matrix`` by ``u_k`` (column ``j * 3 + k``) as combinations of the tensor powers
+    """``(jacobian_constant [3 * dim], jacobian [3 + ... + 3^(lmax - 1), 3 * dim])``, float64: the derivatives
+    of ``tensor_powers(u, lmax) @ matrix`` by ``u_k`` (column ``k * dim + j``) as combinations of the tensor powers
     one degree lower. A power's column is a tuple ``(a_1, ..., a_l)`` (the last index fastest); its derivative by
     ``u_k`` is the sum over the positions ``i`` with ``a_i = k`` of the column of degree ``l - 1`` without
     ``a_i`` (the constant 1 at degree 1)."""
     dim = matrix.shape[1]
     starts = _offsets(lmax)
-    constant = torch.zeros(dim, 3, dtype=torch.float64)
-    lower = torch.zeros(starts[lmax - 1] if lmax > 1 else 0, dim, 3, dtype=torch.float64)
+    constant = torch.zeros(3, dim, dtype=torch.float64)
+    lower = torch.zeros(starts[lmax - 1] if lmax > 1 else 0, 3, dim, dtype=torch.float64)
     for l in range(1, lmax + 1):
         for column in range(3 ** l):
             digits = [(column // 3 ** (l - 1 - i)) % 3 for i in range(l)]
@@ -201,13 +202,13 @@ def _jacobian(matrix: torch.Tensor, lmax: int):
             for i, k in enumerate(digits):
                 rest = digits[:i] + digits[i + 1:]
                 if not rest:
-                    constant[:, k] += row
+                    constant[k] += row
                 else:
                     index = 0
                     for a in rest:
                         index = index * 3 + a
-                    lower[starts[l - 2] + index, :, k] += row
-    return constant.reshape(dim * 3), lower.reshape(lower.shape[0], dim * 3)
+                    lower[starts[l - 2] + index, k] += row
+    return constant.reshape(3 * dim), lower.reshape(lower.shape[0], 3 * dim)
 
 
 def _offsets(lmax: int) -> List[int]:
