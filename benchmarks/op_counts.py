@@ -12,7 +12,8 @@ reshapes put back) and ``ours`` (``accelerate``). Counted: the aten and library 
 dispatches (views, shape queries and ``detach`` left out), forward by the model's layer that ran them (two levels
 deep), and the backward of the forces as one group. With ``--memory``: the largest total of live tensors the call
 makes (storages, outputs of the operations seen by a dispatch mode, so calls take the registered ops' path) and
-which were alive then; with ``--resident``: the growth of the process's resident memory over a call (three
+which were alive then; with ``--layers``: the operations of each edge layer alone (forward, and the backward of
+its outputs' sum), MACE's and e3nn's against the converted one; with ``--resident``: the growth of the process's resident memory over a call (three
 calls, as ``benchmarks/convolution.py`` measures it: after ``malloc_trim``) and the median time of five.
 """
 from __future__ import annotations
@@ -103,12 +104,39 @@ class _LiveTensors(TorchDispatchMode):
         return out
 
 
+def count_layers(mace, batch) -> None:
+    """Forward and backward operations of MACE's spherical harmonics, radial embedding and first interaction's
+    reshape, and of their conversions, on the batch's edges."""
+    ours = accelerate(copy.deepcopy(mace))
+    sender, receiver = batch["edge_index"]
+    vectors = (batch["positions"][receiver] - batch["positions"][sender] + batch["shifts"]).detach()
+    lengths = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)
+    rest = (batch["node_attrs"], batch["edge_index"], mace.atomic_numbers)
+    message = torch.randn(batch["positions"].shape[0], mace.interactions[0].irreps_out.dim)
+    layers = [("spherical harmonics", lambda m: m.spherical_harmonics, vectors, ()),
+              ("radial embedding", lambda m: m.radial_embedding, lengths, rest),
+              ("message reshape", lambda m: m.interactions[0].reshape, message, ())]
+    for what, layer_of, x, extra in layers:
+        counts = []
+        for model in (mace, ours):
+            x = x.clone().requires_grad_(True)
+            layers_ = _Layers(torch.nn.Module())
+            with _Counting(layers_) as forward:
+                out = layer_of(model)(x, *extra)
+                out = out[0] if isinstance(out, tuple) else out
+            with _Counting(layers_) as backward:
+                torch.autograd.grad(out.sum(), x)
+            counts.append(f"{sum(forward.counts.values())} + {sum(backward.counts.values())}")
+        print(f"{what}: MACE's {counts[0]}, converted {counts[1]} (forward + backward)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--atoms", type=int, default=64)
     parser.add_argument("--channels", type=int, default=32)
     parser.add_argument("--variants", default="mace,ours-maces-edges,ours")
     parser.add_argument("--memory", action="store_true", help="also the live tensors at the call's peak")
+    parser.add_argument("--layers", action="store_true", help="also each edge layer alone, forward and backward")
     parser.add_argument("--resident", action="store_true", help="also the resident memory a call adds, and its time")
     parser.add_argument("--chunk-bytes", type=int, default=None, help="Convolution.chunk_bytes")
     args = parser.parse_args()
@@ -120,6 +148,8 @@ def main():
     cpu = torch.device("cpu")
     batch = make_batch(nacl(args.atoms), mace, torch.float32, cpu)
     print(f"# {args.atoms} atoms, {batch['edge_index'].shape[1]} edges, {args.channels} channels, float32")
+    if args.layers:
+        count_layers(mace, batch)
     for variant in args.variants.split(","):
         model = copy.deepcopy(mace) if variant == "mace" else accelerate(copy.deepcopy(mace))
         if variant == "ours-maces-edges":
