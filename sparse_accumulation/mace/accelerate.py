@@ -366,12 +366,15 @@ _PREPARES_EDGES = "_sparse_accumulation_prepares_edges"
 
 
 def _reshape_of(block: torch.nn.Module) -> Optional[ReshapeIrreps]:
-    """The :class:`~.reshape.ReshapeIrreps` of ``block.reshape``, or None where there is none to convert (not MACE's
-    ``reshape_irreps`` of e3nn's layout, or irreps of several multiplicities)."""
+    """The :class:`~.reshape.ReshapeIrreps` of ``block.reshape`` on the device of the block's parameters, or None
+    where there is none to convert (not MACE's ``reshape_irreps`` of e3nn's layout, or irreps of several
+    multiplicities)."""
     try:
-        return ReshapeIrreps.from_mace(getattr(block, "reshape", None))
+        reshape = ReshapeIrreps.from_mace(getattr(block, "reshape", None))
     except (TypeError, ValueError):
         return None
+    like = next(block.parameters(), None)
+    return reshape if like is None else reshape.to(like.device)
 
 
 def _without_edge_hook(model: torch.nn.Module) -> torch.nn.Module:
