@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mace_models import RTOL, assert_close, batch, mace_model, structures  # skips without MACE
+from mace_models import RTOL, batch, mace_model, structures  # skips without MACE
 
 from sparse_accumulation import indices  # noqa: E402
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
