@@ -86,3 +86,18 @@ def test_bad_arguments_are_refused():
         SphericalHarmonics.from_e3nn(torch.nn.Identity())
     with pytest.raises(InvalidArgumentError, match="last dimension"):
         SphericalHarmonics(2, True)(torch.zeros(4, 2))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype, rtol", [(torch.float64, 1e-11), (torch.float32, 1e-5)])
+def test_cuda_equals_e3nns_to_second_order(generator, dtype, rtol):
+    """On CUDA, e3nn's module and ours in ``dtype``, edges enough for several thread blocks."""
+    theirs = _e3nn("1x0e + 1x1o + 1x2e + 1x3o", True, "component").to("cuda", dtype)
+    ours = SphericalHarmonics.from_e3nn(theirs).to("cuda", dtype)
+    x = (3 * torch.randn(5000, 3, generator=generator, dtype=torch.float64)).to("cuda", dtype).requires_grad_(True)
+    G = torch.randn(5000, 16, generator=generator, dtype=torch.float64).to("cuda", dtype)
+    H = torch.randn(5000, 3, generator=generator, dtype=torch.float64).to("cuda", dtype)
+    for got, expected in zip(_derivatives(ours, x, G, H), _derivatives(theirs, x, G, H), strict=True):
+        assert got.device.type == "cuda"
+        assert torch.allclose(got, expected, rtol=rtol, atol=rtol * expected.abs().max().item())

@@ -77,3 +77,18 @@ def test_other_radial_parts_are_refused():
         with pytest.raises(TypeError, match=named):
             RadialEmbedding(block)
     assert "RadialEmbeddingBlock expected" in RadialEmbedding.refusal(torch.nn.Identity())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_equals_maces_block_to_second_order(generator):
+    """Made from a block already on CUDA (its own tensors there too), float64, both sides of the cutoff."""
+    block = _block(6.0, 8, 5).to("cuda")
+    ours = RadialEmbedding(block)
+    assert all(t.device.type == "cuda" for t in ours.buffers())
+    lengths = (0.2 + 8 * torch.rand(4000, 1, generator=generator, dtype=torch.float64)).cuda().requires_grad_(True)
+    G = torch.randn(4000, 8, generator=generator, dtype=torch.float64).cuda()
+    H = torch.randn(4000, 2, generator=generator, dtype=torch.float64).cuda()
+    for got, expected in zip(_derivatives(ours, lengths, G, H), _derivatives(block, lengths, G, H), strict=True):
+        if expected is not None:
+            assert torch.allclose(got, expected, rtol=1e-12, atol=1e-12 * expected.abs().max().item())
