@@ -56,8 +56,7 @@ from symmetric_contraction import cpu_name, versions  # noqa: E402
 
 VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64",
             "ours-maces-edges")
-#: ``ours`` with one of the library's choices changed while it is called (and so captured): (module, attribute,
-#: value)
+#: ``ours`` with one of the library's choices undone while it is called (and so captured): (module, name, value)
 ABLATIONS = {
     "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
     "ours-int64": ("sparse_accumulation.indices", "sort_keys", lambda index, size: index),  # int64 sort keys
@@ -108,14 +107,12 @@ def with_maces_edge_layers(ours, mace, device, dtype) -> None:
 
 
 class Ablated:
-    """``model`` called with ``module.attribute`` (dotted) set to ``value`` (an ablation of :data:`ABLATIONS`)."""
+    """``model`` called with ``module.name`` set to ``value`` (an ablation of :data:`ABLATIONS`)."""
 
-    def __init__(self, model, module: str, attribute: str, value):
-        import functools
+    def __init__(self, model, module: str, name: str, value):
         import importlib
 
-        *path, self.name = attribute.split(".")
-        self.owner = functools.reduce(getattr, path, importlib.import_module(module))
+        self.owner, self.name = importlib.import_module(module), name
         self.model, self.value = model, value
 
     def __call__(self, *args, **kwargs):

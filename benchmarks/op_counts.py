@@ -107,10 +107,10 @@ class _LiveTensors(TorchDispatchMode):
 def count_layers(mace, batch) -> None:
     """Forward and backward operations of MACE's spherical harmonics, radial embedding and first interaction's
     reshape, and of their conversions, on the batch's edges."""
+    from mace.modules.utils import get_edge_vectors_and_lengths
+
     ours = accelerate(copy.deepcopy(mace))
-    sender, receiver = batch["edge_index"]
-    vectors = (batch["positions"][receiver] - batch["positions"][sender] + batch["shifts"]).detach()
-    lengths = torch.linalg.vector_norm(vectors, dim=1, keepdim=True)
+    vectors, lengths = get_edge_vectors_and_lengths(batch["positions"], batch["edge_index"], batch["shifts"])
     rest = (batch["node_attrs"], batch["edge_index"], mace.atomic_numbers)
     message = torch.randn(batch["positions"].shape[0], mace.interactions[0].irreps_out.dim)
     layers = [("spherical harmonics", lambda m: m.spherical_harmonics, vectors, ()),
@@ -119,12 +119,12 @@ def count_layers(mace, batch) -> None:
     for what, layer_of, x, extra in layers:
         counts = []
         for model in (mace, ours):
-            x = x.clone().requires_grad_(True)
-            layers_ = _Layers(torch.nn.Module())
-            with _Counting(layers_) as forward:
+            x = x.detach().requires_grad_(True)
+            unnamed = _Layers(torch.nn.Module())  # (no layers to name: the layer alone runs)
+            with _Counting(unnamed) as forward:
                 out = layer_of(model)(x, *extra)
                 out = out[0] if isinstance(out, tuple) else out
-            with _Counting(layers_) as backward:
+            with _Counting(unnamed) as backward:
                 torch.autograd.grad(out.sum(), x)
             counts.append(f"{sum(forward.counts.values())} + {sum(backward.counts.values())}")
         print(f"{what}: MACE's {counts[0]}, converted {counts[1]} (forward + backward)")
