@@ -5,6 +5,7 @@ calculator, for MACE, MACE + cuEquivariance and this library, eager and replayed
     python benchmarks/md.py --device cpu --atoms 64 --steps 20 --variants mace,ours-eager,ours --channels 16
     python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants cueq-captured,ours --profile 25 --profile-ops 30
     python benchmarks/md.py --device cuda --atoms 64 512 4096 --steps 0 --variants cueq-captured,ours --train
+    python benchmarks/md.py --device cuda --atoms 64 216 --steps 0 --variants cueq-captured,ours --gaps 12
 
 The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor as in
 ``benchmarks/mace_model.py`` (``--channels`` x (0e + 1o), spherical harmonics up to 3, correlation 3, two residual
@@ -183,6 +184,42 @@ def kernel_profile(model, batch, top: int) -> dict:
             "kernels": [(e.key[:200], e.count, round(e.self_device_time_total, 2)) for e in kernels]}
 
 
+def replay_gaps(model, batch, device, repeats: int, top: int) -> dict:
+    """Where a replayed forces call's time goes besides its kernels (a CapturedModel on CUDA): ``replay_ms``, the
+    median of the bucket's graph replayed alone (no copies in or out); ``host_ms``, the host's time in one whole
+    call (inputs copied in, replay launched, outputs copied out; the device not waited for); ``busy_ms`` and
+    ``idle_ms``, the time one replay's kernels run and the time between them, from the first kernel's start to the
+    last one's end (torch.profiler); ``gaps``, the ``top`` longest idle stretches as (us, the kernel before, the
+    kernel after)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model(dict(batch), compute_force=True)
+    bucket = next(reversed(model._buckets.values()))
+    replay_ms = statistics.median(elapsed_ms(bucket.graph.replay, device) for _ in range(repeats))
+    host = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model(dict(batch), compute_force=True)
+        host.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        bucket.graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    busy, gaps, end = 0.0, [], kernels[0][0] if kernels else 0.0
+    for i, (begin, finish, name) in enumerate(kernels):
+        busy += finish - max(begin, end) if finish > end else 0.0
+        if begin > end and i:
+            gaps.append((round(begin - end, 1), kernels[i - 1][2][:80], name[:80]))
+        end = max(end, finish)
+    gaps.sort(reverse=True)
+    span = (end - kernels[0][0]) if kernels else 0.0
+    return {"replay_ms": replay_ms, "host_ms": statistics.median(host), "busy_ms": busy / 1e3,
+            "idle_ms": (span - busy) / 1e3, "kernels": len(kernels), "gaps": gaps[:top]}
+
+
 def op_profile(model, batch, top: int) -> list:
     """The operators of one eager forces call of ``model`` (a CapturedModel's own model: a replay shows kernels,
     not the operators that launch them) that launch GPU kernels, grouped by operator and the innermost frames of
@@ -258,6 +295,9 @@ def main(argv=None):
     parser.add_argument("--profile-ops", type=int, default=0, metavar="N",
                         help="CUDA: also list the N operators of one eager forces call that take the most GPU time, "
                              "with where the library's or MACE's code called them")
+    parser.add_argument("--gaps", type=int, default=0, metavar="N",
+                        help="CUDA, replayed variants: also time the graph's replay alone and the host's part of a "
+                             "call, and list one replay's idle time between kernels, the N longest gaps")
     parser.add_argument("--train", action="store_true",
                         help="CUDA: also time a training step of the replayed variants' models, eager and captured "
                              "by hand into one CUDA graph (train eager / replayed ms)")
@@ -287,6 +327,14 @@ def main(argv=None):
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
                 if args.profile and device.type == "cuda":
                     row["profile"] = kernel_profile(model, batch, args.profile)
+                if args.gaps and device.type == "cuda" and isinstance(model, CapturedModel):
+                    row["gaps"] = replay_gaps(model, batch, device, args.repeats, args.gaps)
+                    found = row["gaps"]
+                    print(f"  {'':>14}  replay {found['replay_ms']:.3f} ms, host {found['host_ms']:.3f} ms per call; "
+                          f"{found['kernels']} kernels busy {found['busy_ms']:.3f} ms, idle {found['idle_ms']:.3f} ms",
+                          flush=True)
+                    for us, before, after in found["gaps"]:
+                        print(f"  {'':>14}  {us:7.1f} us idle after {before} before {after}", flush=True)
                 if args.profile_ops and device.type == "cuda" and name not in ABLATIONS:
                     row["ops"] = op_profile(model, batch, args.profile_ops)
                     for op, calls, us, frames in row["ops"]:
@@ -301,7 +349,7 @@ def main(argv=None):
                 row["error"] = repr(error)[:300]
             rows.append(row)
             shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                             if k not in ("variant", "atoms", "edges", "profile", "ops"))
+                             if k not in ("variant", "atoms", "edges", "profile", "ops", "gaps"))
             print(f"  {name:>14}: {shown}", flush=True)
             if "profile" in row:
                 found = row["profile"]

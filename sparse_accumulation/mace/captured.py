@@ -27,6 +27,7 @@ the call), ``compute_hessian=True`` and ``lammps_mliap=True``.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 from typing import Dict, Optional
@@ -313,4 +314,14 @@ class CapturedModel(torch.nn.Module):
             return self.model
         if self.__dict__["_compiled"] is None:
             self.__dict__["_compiled"] = torch.compile(self.model, dynamic=False)
-        return self.__dict__["_compiled"]
+        return self._run_compiled
+
+    def _run_compiled(self, *args, **kwargs):
+        # Outside training MACE takes the forces' gradient with retain_graph=False; traced into the compiled graph
+        # (dynamo's trace_autograd_ops, which MACE's compile helpers switch on for the whole process) the graph's
+        # own backward meets the saved tensors that gradient freed, and compiling fails. A graph break there.
+        config = torch._dynamo.config
+        patched = (config.patch(trace_autograd_ops=False) if hasattr(config, "trace_autograd_ops")
+                   else contextlib.nullcontext())
+        with patched:
+            return self.__dict__["_compiled"](*args, **kwargs)

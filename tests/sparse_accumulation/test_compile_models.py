@@ -61,10 +61,12 @@ def _graph(generator, nodes, device):
     return src[keep], dst[keep]
 
 
-def _compiled(mode=None, backend="inductor"):
+def _compiled(monkeypatch, mode=None, backend="inductor"):
+    """The compiled step, ``torch.autograd.grad`` traced into its graph while the test runs (dynamo's
+    ``trace_autograd_ops``, restored after it: left on, it changes what later tests in the process compile)."""
     torch._dynamo.reset()
     if hasattr(torch._dynamo.config, "trace_autograd_ops"):
-        torch._dynamo.config.trace_autograd_ops = True
+        monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
     options = {"mode": mode} if mode else {"backend": backend}
     return torch.compile(loss_step, fullgraph=True, **options)
 
@@ -82,21 +84,21 @@ def _check_step(model, step, positions, src, dst):
 
 
 @pytest.mark.slow
-def test_compiled_model_step_matches_eager_on_the_cpu(generator):
+def test_compiled_model_step_matches_eager_on_the_cpu(generator, monkeypatch):
     model = EveryEntryPoint()
     positions = torch.randn(7, 3, generator=generator, dtype=torch.float64).requires_grad_()
     src, dst = _graph(generator, 7, "cpu")
-    _check_step(model, _compiled(backend="aot_eager"), positions, src, dst)
+    _check_step(model, _compiled(monkeypatch, backend="aot_eager"), positions, src, dst)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_compiled_model_step_on_cuda_never_synchronises(generator, mode):
+def test_compiled_model_step_on_cuda_never_synchronises(generator, mode, monkeypatch):
     model = EveryEntryPoint().cuda()
     positions = torch.randn(40, 3, generator=generator, dtype=torch.float64).cuda().requires_grad_()
     src, dst = _graph(generator, 40, "cuda")
-    step = _compiled(mode=None if mode == "default" else mode)
+    step = _compiled(monkeypatch, mode=None if mode == "default" else mode)
     for _ in range(3):  # compile, record the graphs, replay
         if mode == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()

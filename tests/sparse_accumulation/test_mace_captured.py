@@ -247,13 +247,32 @@ def test_a_training_step_captured_by_hand_in_a_fresh_process(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-6000:]
 
 
+def _trace_autograd_ops(monkeypatch):
+    if not hasattr(torch._dynamo.config, "trace_autograd_ops"):
+        pytest.skip("this torch has no trace_autograd_ops")
+    monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
+
+
+@pytest.mark.slow
+def test_a_compiled_call_compiles_where_dynamo_traces_autograd_grad(generator, monkeypatch):
+    """MACE's compile helpers switch dynamo's ``trace_autograd_ops`` on for the whole process; a compiled padded
+    call (``compile=True``) then still compiles (MACE's forces gradient, taken without retaining its graph, is
+    left out of the compiled graph) and equals MACE's model."""
+    _trace_autograd_ops(monkeypatch)
+    torch._dynamo.reset()
+    model, ours = _models(generator, cpu="padded", compile=True)
+    data = _on(batch(structures(generator), model), "cpu")
+    _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.long), pytest.param("cuda", marks=_CUDA)])
-def test_compiled_buckets_equal_maces_model(generator, device):
+def test_compiled_buckets_equal_maces_model(generator, device, monkeypatch):
     """``compile=True``: each bucket runs (on the CPU, ``cpu="padded"``) or is captured (CUDA) as the model
     compiled by torch.compile; energies, forces and stress equal MACE's (float64), for new positions and for a
-    neighbour list that outgrows its bucket (a second compiled graph). (On the CPU two minutes of compiling:
-    ``long``.)"""
+    neighbour list that outgrows its bucket (a second compiled graph). With dynamo's ``trace_autograd_ops`` on,
+    as MACE's compile helpers leave it. (On the CPU two minutes of compiling: ``long``.)"""
+    _trace_autograd_ops(monkeypatch)
     torch._dynamo.reset()
     model, ours = _models(generator, device, cpu="padded", compile=True)
     crystal, molecule = structures(generator)
