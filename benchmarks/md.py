@@ -6,6 +6,7 @@ calculator, for MACE, MACE + cuEquivariance and this library, eager and replayed
     python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants cueq-captured,ours --profile 25 --profile-ops 30
     python benchmarks/md.py --device cuda --atoms 64 512 4096 --steps 0 --variants cueq-captured,ours --train
     python benchmarks/md.py --device cuda --atoms 64 216 --steps 0 --variants cueq-captured,ours --gaps 12
+    python benchmarks/md.py --device cuda --atoms 64 --steps 0 --variants ours --capture-ops 40
 
 The model: MACE's ``ScaleShiftMACE`` (mace-torch 0.3.16) built with its own constructor as in
 ``benchmarks/mace_model.py`` (``--channels`` x (0e + 1o), spherical harmonics up to 3, correlation 3, two residual
@@ -220,11 +221,50 @@ def replay_gaps(model, batch, device, repeats: int, top: int) -> dict:
             "idle_ms": (span - busy) / 1e3, "kernels": len(kernels), "gaps": gaps[:top]}
 
 
-def op_profile(model, batch, top: int) -> list:
+def capture_ops(model, batch, top: int) -> dict:
+    """The operations a CapturedModel's capture of a forces call records (each at least one kernel of every
+    replay; views, shape queries and ``detach`` left out), counted under a dispatch mode: their total, those with
+    integer outputs (index work), and the ``top`` (operation, frames) groups by count, where frames are the
+    innermost two of the library's and MACE's code that called it."""
+    import collections
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from op_counts import NOT_COUNTED, _name
+
+    class Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.groups, self.total, self.integer = collections.Counter(), 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = _name(func)
+            if name in NOT_COUNTED or not torch.cuda.is_current_stream_capturing():
+                return out
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            self.total += 1
+            self.integer += isinstance(first, torch.Tensor) and not first.is_floating_point()
+            frames = [f for f in traceback.extract_stack()
+                      if ("sparse_accumulation" in f.filename or "/mace/" in f.filename) and "md.py" not in f.filename]
+            where = " < ".join(f"{f.filename.rsplit('/', 2)[-2]}/{f.filename.rsplit('/', 1)[-1]}:{f.lineno}"
+                               for f in frames[-2:][::-1])
+            self.groups[(name, where)] += 1
+            return out
+
+    model.reset()
+    with Counting() as counting:
+        model(dict(batch), compute_force=True)
+    return {"operations": counting.total, "integer": counting.integer,
+            "top": [(name, where, n) for (name, where), n in counting.groups.most_common(top)]}
+
+
+def op_profile(model, batch, top: int, by: str = "time") -> list:
     """The operators of one eager forces call of ``model`` (a CapturedModel's own model: a replay shows kernels,
     not the operators that launch them) that launch GPU kernels, grouped by operator and the innermost frames of
-    the library's and MACE's code that called it: ``top`` groups by GPU time, as (operator, calls, GPU us,
-    frames)."""
+    the library's and MACE's code that called it: the ``top`` groups by GPU time (``by="time"``) or by calls
+    (``"count"``: in a replay each costs a launch), as (operator, calls, GPU us, frames)."""
     from torch.profiler import ProfilerActivity, profile
 
     if isinstance(model, CapturedModel):
@@ -237,7 +277,7 @@ def op_profile(model, batch, top: int) -> list:
         torch.cuda.synchronize()
     groups = [e for e in prof.key_averages(group_by_stack_n=4)
               if e.device_time_total > 0 and e.key.startswith("aten::")]
-    groups.sort(key=lambda e: -e.self_device_time_total)
+    groups.sort(key=lambda e: -(e.count if by == "count" else e.self_device_time_total))
     return [(e.key, e.count, round(e.self_device_time_total, 1),
              [frame for frame in e.stack if "sparse_accumulation" in frame or "mace" in frame][:3])
             for e in groups[:top]]
@@ -295,6 +335,11 @@ def main(argv=None):
     parser.add_argument("--profile-ops", type=int, default=0, metavar="N",
                         help="CUDA: also list the N operators of one eager forces call that take the most GPU time, "
                              "with where the library's or MACE's code called them")
+    parser.add_argument("--profile-ops-by", choices=["time", "count"], default="time",
+                        help="--profile-ops: the operators that take the most GPU time, or the most calls")
+    parser.add_argument("--capture-ops", type=int, default=0, metavar="N",
+                        help="CUDA, replayed variants: also count the operations a capture records (those on integer "
+                             "indices apart) and list the N most frequent with where they were called")
     parser.add_argument("--gaps", type=int, default=0, metavar="N",
                         help="CUDA, replayed variants: also time the graph's replay alone and the host's part of a "
                              "call, and list one replay's idle time between kernels, the N longest gaps")
@@ -327,6 +372,12 @@ def main(argv=None):
                 row["call_ms"] = call_ms(model, batch, device, args.repeats)
                 if args.profile and device.type == "cuda":
                     row["profile"] = kernel_profile(model, batch, args.profile)
+                if args.capture_ops and device.type == "cuda" and isinstance(model, CapturedModel):
+                    row["capture_ops"] = found = capture_ops(model, batch, args.capture_ops)
+                    print(f"  {'':>14}  a capture records {found['operations']} operations, {found['integer']} with "
+                          "integer outputs", flush=True)
+                    for name, where, n in found["top"]:
+                        print(f"  {'':>14}  {n:4d} {name}  {where}", flush=True)
                 if args.gaps and device.type == "cuda" and isinstance(model, CapturedModel):
                     row["gaps"] = replay_gaps(model, batch, device, args.repeats, args.gaps)
                     found = row["gaps"]
@@ -336,7 +387,7 @@ def main(argv=None):
                     for us, before, after in found["gaps"]:
                         print(f"  {'':>14}  {us:7.1f} us idle after {before} before {after}", flush=True)
                 if args.profile_ops and device.type == "cuda" and name not in ABLATIONS:
-                    row["ops"] = op_profile(model, batch, args.profile_ops)
+                    row["ops"] = op_profile(model, batch, args.profile_ops, args.profile_ops_by)
                     for op, calls, us, frames in row["ops"]:
                         print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {op}  {' < '.join(frames)}", flush=True)
                 if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.use_compile:
@@ -349,7 +400,7 @@ def main(argv=None):
                 row["error"] = repr(error)[:300]
             rows.append(row)
             shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                             if k not in ("variant", "atoms", "edges", "profile", "ops", "gaps"))
+                             if k not in ("variant", "atoms", "edges", "profile", "ops", "gaps", "capture_ops"))
             print(f"  {name:>14}: {shown}", flush=True)
             if "profile" in row:
                 found = row["profile"]
