@@ -20,6 +20,7 @@ velocities of 300 K. Variants:
   :class:`sparse_accumulation.mace.CapturedModel` (the anchor of an engine that captures its MD step by hand);
 * ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
   ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
+  ``ours-hoisted``: with ``hoist_elements=True`` (the element tables made once, read by the replays);
 * ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices undone (:data:`ABLATIONS`: no row
   sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process;
   ``ours-maces-edges``: ``ours`` with MACE's own spherical harmonics, radial embedding and message reshapes put
@@ -56,8 +57,8 @@ from sparse_accumulation.bench.timing import compiled_kernels_only, elapsed_ms, 
 from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
-VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-split1", "ours-int64",
-            "ours-maces-edges")
+VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-hoisted", "ours-split1",
+            "ours-int64", "ours-maces-edges")
 #: ``ours`` with one of the library's choices undone while it is called (and so captured): (module, name, value)
 ABLATIONS = {
     "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
@@ -93,7 +94,8 @@ def make_variants(names, mace, device, dtype) -> dict:
             ours = accelerate(copy.deepcopy(mace)).to(device, dtype)
             if name == "ours-maces-edges":
                 with_maces_edge_layers(ours, mace, device, dtype)
-            made[name] = ours if name == "ours-eager" else CapturedModel(ours, compile=name == "ours-compiled")
+            made[name] = ours if name == "ours-eager" else CapturedModel(ours, compile=name == "ours-compiled",
+                                                                         hoist_elements=name == "ours-hoisted")
             if name in ABLATIONS:
                 made[name] = Ablated(made[name], *ABLATIONS[name])
     return made

@@ -121,13 +121,11 @@ class Memory:
             if key not in scope:
                 scope[key] = (tuple(tensors), make())
             return scope[key][1]
+        found = self.find(tensors, extra)
+        if found is not None:
+            return found
         bases = [_base(t) for t in tensors]
         key = tuple(_identity(t, b) for t, b in zip(tensors, bases)) + tuple(extra)
-        with self._lock:
-            hit = self._entries.get(key)
-            if hit is not None and all(ref() is b for ref, b in zip(hit[0], bases)):
-                self._entries.move_to_end(key)
-                return hit[1]
         value = make()
         if torch.is_inference_mode_enabled():
             return value
@@ -137,6 +135,18 @@ class Memory:
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
         return value
+
+    def find(self, tensors: Sequence[torch.Tensor], extra: tuple):
+        """What :meth:`get` remembered for the same, unchanged ``tensors`` and equal ``extra``, or None (nothing is
+        made; also while a CUDA graph is captured, where :meth:`get` remembers nothing)."""
+        bases = [_base(t) for t in tensors]
+        key = tuple(_identity(t, b) for t, b in zip(tensors, bases)) + tuple(extra)
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None and all(ref() is b for ref, b in zip(hit[0], bases)):
+                self._entries.move_to_end(key)
+                return hit[1]
+        return None
 
     def _forget(self, key: tuple) -> None:
         """Drop ``key``'s entry if it is still there and one of its tensors is gone."""
@@ -427,6 +437,19 @@ class Elements:
                 found = _tiles(self.starts, len(self), rows)
             self._tiles[rows] = found
         return found
+
+    def copy_from(self, other: "Elements") -> None:
+        """Write ``other``'s values (the same number of nodes and elements) into this one's tensors in place, the
+        tile tables made so far included (made for ``other`` as needed): what a CUDA graph that reads this one's
+        tensors sees next."""
+        if len(other) != len(self) or other.num_elements != self.num_elements:
+            raise ValueError(f"{other!r} cannot be copied into {self!r}")
+        for mine, theirs in ((self.tensor, other.tensor), (self.order, other.order), (self.starts, other.starts)):
+            mine.copy_(theirs)
+        for key, held in self._tiles.items():
+            fresh = other.tile_slots(key[1]) if isinstance(key, tuple) else other.tiles(key)
+            for mine, theirs in zip(held, fresh):
+                mine.copy_(theirs)
 
     def tile_slots(self, rows: int) -> tuple:
         """``(node, slot)`` for the tiles of :meth:`tiles`: ``node [T * rows]`` int64, the node each tile slot

@@ -7,7 +7,9 @@ weights are then gathered per node (:class:`Attributes`, :func:`prepare`).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+import contextlib
+import threading
+from typing import List, NamedTuple, Optional
 
 import torch
 
@@ -15,6 +17,8 @@ from .. import indices
 from ..indices import Elements, Memory
 
 _prepared = Memory(64)
+#: per thread: the list :func:`hoisted` records into, or None
+_hoisting = threading.local()
 
 
 class Attributes(NamedTuple):
@@ -110,6 +114,14 @@ def prepare(y, num_elements: int, name: str = "y") -> Attributes:
         raise ValueError(f"{name} must be 1-D integer element indices or 2-D node attributes, got shape "
                          f"{tuple(y.shape)} of dtype {y.dtype}")
     if torch.compiler.is_compiling() or indices.capturing(y):
+        record = getattr(_hoisting, "record", None)
+        if record is not None and not torch.compiler.is_compiling():
+            found = _prepared.find((y,), (num_elements,))  # an eager call's reading of this unchanged y
+            if found is not None:
+                elements, scale, per_node = found
+                prepared = Attributes(elements, scale, y if per_node else None)
+                record.append((y, num_elements, prepared))
+                return prepared
         # nothing may be read: made unchecked (found again within a capture scope, see indices.capture_scope)
         return _prepared.get((y,), (num_elements, "unchecked"), lambda: _unread(y, num_elements, name))
 
@@ -123,3 +135,43 @@ def prepare(y, num_elements: int, name: str = "y") -> Attributes:
 
     elements, scale, per_node = _prepared.get((y,), (num_elements,), make)
     return Attributes(elements, scale, y if per_node else None)
+
+
+@contextlib.contextmanager
+def hoisted(record: List[tuple]):
+    """Within this context (this thread), a CUDA graph capture of :func:`prepare` takes what an eager call read
+    of the same, unchanged ``y`` (its elements, their tile tables, the rows' scale) instead of recording a
+    reading of its own: the graph reads those tensors, made once, rather than rebuilding them in every replay.
+    Each reading taken is appended to ``record`` as ``(y, num_elements, Attributes)``; whoever replays the graph
+    must call :func:`refresh` with it whenever ``y``'s values change."""
+    previous = getattr(_hoisting, "record", None)
+    _hoisting.record = record
+    try:
+        yield record
+    finally:
+        _hoisting.record = previous
+
+
+def refresh(record: List[tuple]) -> bool:
+    """Bring the readings :func:`hoisted` recorded up to date with each ``y``'s current values: read again
+    (eagerly; one synchronisation per reading) and copied into the recorded tensors in place. False, with nothing
+    written, where a reading changed its kind (one-hot rows that became scaled ones, or the reverse; rows with
+    several nonzeros): a graph captured on the old reading computes something else and must be captured again.
+
+    Raises:
+        IndexError: 1-D element indices out of range.
+    """
+    fresh = []
+    for y, num_elements, prepared in record:
+        if y.dim() == 1:
+            elements, scale, per_node = Elements(y, num_elements), None, False
+        else:
+            elements, scale, per_node = _classified(y, num_elements)
+        if per_node or prepared.per_node is not None or (scale is None) != (prepared.scale is None):
+            return False
+        fresh.append((elements, scale))
+    for (_, _, prepared), (elements, scale) in zip(record, fresh):
+        prepared.elements.copy_from(elements)
+        if scale is not None:
+            prepared.scale.copy_(scale)
+    return True

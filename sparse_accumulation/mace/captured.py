@@ -21,6 +21,13 @@ launches fewer of them. The first call of each bucket compiles (minutes for a MA
 inductor); the positions are made to require grad and, for stress and virials, the strain (``displacement``) is a
 static input leaf, as a compiled MACE call needs (see ``docs/mace.rst``).
 
+With ``hoist_elements=True`` what the converted layers make of the node attributes (the elements, the nodes
+sorted by element, the tile tables) is made once, by the eager warm-up calls, and read by the graph, instead of
+being rebuilt in every replay: the node attributes rarely change in MD. A call whose node attributes differ from
+the bucket's (a host check where the same unchanged tensor comes again, else a comparison on the device, one
+synchronisation) rewrites those tables in place before the replay, or captures the bucket again where their kind
+changed.
+
 Calls that a graph cannot replay run the model eagerly: tensors on the CPU (unless ``cpu="padded"``, which runs
 the padded buckets eagerly, to test them), ``training=True`` (a training step keeps its autograd graph past
 the call), ``compute_hessian=True`` and ``lammps_mliap=True``.
@@ -29,10 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections import OrderedDict
 from typing import Dict, Optional
 
 import torch
+
+from . import attributes
 
 #: the batch's per-atom, per-edge and per-system entries copied into a bucket (others are not passed on)
 ATOM_KEYS = ("positions", "node_attrs", "batch")
@@ -61,6 +71,8 @@ class _Bucket:
         self.atoms, self.edges, self.systems = atoms, edges, systems
         self.filled = None  # (real atoms, real edges) the padding was last written for
         self.graph, self.outputs = None, None
+        self.hoisted = []  # the node attributes' readings the graph reads (see attributes.hoisted)
+        self.attributes_from = None  # (weak reference, version) of the node attributes last copied in
         self.padding_length = padding_length
         self.static = {}
         for key in ATOM_KEYS + EDGE_KEYS + SYSTEM_KEYS:
@@ -83,9 +95,24 @@ class _Bucket:
             self.static["displacement"] = torch.zeros((systems + 1, 3, 3), dtype=positions.dtype,
                                                       device=positions.device, requires_grad=True)
 
+    def attributes_changed(self, data: Dict[str, torch.Tensor], atoms: int, edges: int) -> bool:
+        """Whether copying ``data`` in would change the static node attributes (before :meth:`fill`): not where
+        the same tensor comes again unchanged; else compared on the device (one synchronisation)."""
+        y, static = data.get("node_attrs"), self.static.get("node_attrs")
+        if not isinstance(y, torch.Tensor) or static is None:
+            return False
+        if self.filled != (atoms, edges):  # the padding atoms' rows are written again
+            return True
+        last = self.attributes_from
+        if last is not None and last[0]() is y and last[1] == y._version:
+            return False
+        return not torch.equal(static[:atoms], y)
+
     def fill(self, data: Dict[str, torch.Tensor], atoms: int, edges: int) -> None:
         """Copy the batch into the static inputs and, where the real sizes changed, rewrite the padding."""
         static, G = self.static, self.systems
+        if isinstance(data.get("node_attrs"), torch.Tensor):
+            self.attributes_from = (weakref.ref(data["node_attrs"]), data["node_attrs"]._version)
         with torch.no_grad():
             for key in ATOM_KEYS:
                 if key in static:
@@ -170,6 +197,8 @@ class CapturedModel(torch.nn.Module):
         compile: capture (or, on the CPU with ``cpu="padded"``, run) the model compiled by ``torch.compile``
             (``dynamic=False``: one compiled graph per bucket; torch.compile's limit on recompiles, 8 by default,
             bounds the buckets that compile, later ones run its eager fallback); default False.
+        hoist_elements: the graph reads the converted layers' element tables made by the warm-up calls instead
+            of rebuilding them in each replay (see the module docstring); default False.
 
     A call takes MACE's ``data`` dict (a batch of ``ptr``/``batch``-indexed systems): ``positions``,
     ``node_attrs``, ``batch``, ``ptr``, ``edge_index``, ``shifts``, ``unit_shifts``, ``cell`` and, where
@@ -185,7 +214,8 @@ class CapturedModel(torch.nn.Module):
     """
 
     def __init__(self, model: torch.nn.Module, *, atom_multiple: int = 64, edge_headroom: float = 0.1,
-                 edge_multiple: int = 256, max_buckets: int = 8, cpu: str = "eager", compile: bool = False):
+                 edge_multiple: int = 256, max_buckets: int = 8, cpu: str = "eager", compile: bool = False,
+                 hoist_elements: bool = False):
         super().__init__()
         for name, value in (("atom_multiple", atom_multiple), ("edge_multiple", edge_multiple),
                             ("max_buckets", max_buckets)):
@@ -195,13 +225,15 @@ class CapturedModel(torch.nn.Module):
             raise ValueError(f"edge_headroom must be a number in [0, 10], got {edge_headroom!r}")
         if cpu not in ("eager", "padded"):
             raise ValueError(f"cpu must be 'eager' or 'padded', got {cpu!r}")
-        if not isinstance(compile, bool):
-            raise ValueError(f"compile must be True or False, got {compile!r}")
+        for name, value in (("compile", compile), ("hoist_elements", hoist_elements)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         if not hasattr(model, "r_max"):
             raise ValueError(f"model must be a MACE model (with r_max), got {type(model).__name__}")
         self.model = model
         self.atom_multiple, self.edge_headroom, self.edge_multiple = atom_multiple, float(edge_headroom), edge_multiple
         self.max_buckets, self.cpu, self.use_compile = max_buckets, cpu, compile
+        self.hoist_elements = hoist_elements
         self.__dict__["_compiled"] = None  # torch.compile of the model, made on first use (not a submodule)
         self._buckets: "OrderedDict[tuple, _Bucket]" = OrderedDict()
         self._pool = None
@@ -257,7 +289,10 @@ class CapturedModel(torch.nn.Module):
                                  f"{type(data.get(key)).__name__}")
         atoms, edges, systems = positions.shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
         bucket = self._bucket(data, atoms, edges, systems, tuple(options.values()))
+        stale = bool(bucket.hoisted) and bucket.attributes_changed(data, atoms, edges)
         bucket.fill(data, atoms, edges)
+        if stale and not attributes.refresh(bucket.hoisted):
+            bucket.graph, bucket.hoisted = None, []  # the readings changed kind: captured again below
         if bucket.graph is None and positions.device.type == "cuda":
             self._capture(bucket, options)
         if bucket.graph is None:
@@ -299,9 +334,11 @@ class CapturedModel(torch.nn.Module):
             for _ in range(2):
                 run(bucket.inputs(), **options)
         torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = run(bucket.inputs(), **options)
+        graph, hoisted = torch.cuda.CUDAGraph(), []
+        with attributes.hoisted(hoisted) if self.hoist_elements else contextlib.nullcontext():
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = run(bucket.inputs(), **options)
+        bucket.hoisted = hoisted
         # detached (the same memory, which replays write): the captured energy's autograd graph would otherwise
         # live as long as the bucket, and with it the parameters' gradient accumulators, tied to this capture's
         # stream, which a later capture that trains the model (a backward into the parameters) would meet

@@ -179,6 +179,7 @@ def test_saved_and_copied_without_its_buckets(generator, tmp_path):
     (dict(edge_headroom=-1), r"edge_headroom must be a number in \[0, 10\]"),
     (dict(cpu="graphs"), "cpu must be 'eager' or 'padded'"),
     (dict(compile="default"), "compile must be True or False"),
+    (dict(hoist_elements=1), "hoist_elements must be True or False"),
 ])
 def test_bad_options_are_refused(generator, options, message):
     with pytest.raises(ValueError, match=message):
@@ -311,3 +312,158 @@ def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
     assert tensors and all(v.grad_fn is None and not v.requires_grad for v in tensors)
     _assert_equal_outputs(bucket.real_outputs(bucket.outputs, atoms, edges, copy=True),
                           model(dict(data), compute_stress=True))
+
+
+def _tables(elements, rows):
+    return [elements.tensor, elements.order, elements.starts, *elements.tiles(rows), *elements.tile_slots(rows)]
+
+
+def test_a_hoisted_capture_reads_the_eager_elements_and_refresh_rewrites_them_in_place(monkeypatch, generator):
+    """Inside ``attributes.hoisted`` a (simulated) capture of ``prepare(y)`` takes the eager call's reading of the
+    same unchanged ``y`` (the same elements and tile tables: the graph reads them) and records it; outside it, a
+    reading of its own. ``refresh`` after ``y`` changed writes the new elements, order and tile tables into those
+    tensors (equal to a fresh reading's); a change of kind (a row that loses its element) returns False and
+    writes nothing."""
+    from sparse_accumulation.indices import Elements
+    from sparse_accumulation.mace import attributes
+
+    nodes, num, rows = 37, 4, 8
+    kinds = torch.randint(num, (nodes,), generator=generator)
+    y = torch.nn.functional.one_hot(kinds, num).double() * (0.5 + torch.rand(nodes, 1, generator=generator,
+                                                                             dtype=torch.float64))
+    y[-3:] = 0  # and padding rows: a scaled reading
+    eager = attributes.prepare(y, num)
+    _tables(eager.elements, rows)  # the warm-up's tile tables
+    monkeypatch.setattr(indices, "capturing", lambda t: True)
+    record = []
+    with attributes.hoisted(record):
+        taken = attributes.prepare(y, num)
+    assert taken.elements is eager.elements and taken.scale is eager.scale
+    assert len(record) == 1 and record[0][0] is y and record[0][2] is taken
+    assert attributes.prepare(y, num).elements is not eager.elements
+    monkeypatch.undo()
+
+    y[:-3] = torch.nn.functional.one_hot(torch.randint(num, (nodes - 3,), generator=generator), num).double() * (
+        0.5 + torch.rand(nodes - 3, 1, generator=generator, dtype=torch.float64))
+    held = [t.data_ptr() for t in _tables(eager.elements, rows)]
+    assert attributes.refresh(record)
+    expected = Elements(y.abs().argmax(1), num, check=False)
+    for got, want in zip(_tables(eager.elements, rows), _tables(expected, rows)):
+        assert torch.equal(got, want)
+    assert [t.data_ptr() for t in _tables(eager.elements, rows)] == held
+    assert torch.equal(eager.scale, y.gather(1, expected.tensor[:, None]))
+
+    before = [t.clone() for t in _tables(eager.elements, rows)]
+    y[0, :2] = 1.0  # two nonzeros in a row: weights per node, another graph
+    assert not attributes.refresh(record)
+    assert all(torch.equal(a, b) for a, b in zip(_tables(eager.elements, rows), before))
+
+
+def test_a_bucket_compares_node_attributes_only_when_they_may_have_changed(monkeypatch, generator):
+    """``attributes_changed``: the same unchanged tensor again is not compared; another tensor of equal values is
+    unchanged, one of other values changed; new real sizes (padding rows written again) count as a change."""
+    model, ours = _models(generator, cpu="padded", hoist_elements=True)
+    data = batch(structures(generator), model)
+    atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
+    bucket = ours._bucket(data, atoms, edges, systems, (True,) + (False,) * 5)
+    assert bucket.attributes_changed(data, atoms, edges)  # nothing filled yet
+    bucket.fill(data, atoms, edges)
+    compared = []
+    real_equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(1) or real_equal(a, b))
+    assert not bucket.attributes_changed(data, atoms, edges) and not compared
+    same = dict(data, node_attrs=data["node_attrs"].clone())
+    assert not bucket.attributes_changed(same, atoms, edges) and compared
+    other = dict(data, node_attrs=data["node_attrs"].flip(1))
+    assert bucket.attributes_changed(other, atoms, edges)
+    data["node_attrs"].mul_(1.0)  # changed in place (its version): compared again
+    compared.clear()
+    assert not bucket.attributes_changed(data, atoms, edges) and compared
+    assert bucket.attributes_changed(data, atoms - 1, edges)
+
+
+@pytest.mark.slow
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_hoisted_element_tables_follow_new_node_attributes_in_replays(generator):
+    """``hoist_elements=True`` on CUDA: replays equal MACE's model for new positions and, in the same bucket, for
+    atoms given other elements (the tables rewritten in place before the replay, no new capture); the graph
+    reads tables the warm-up made (they are recorded)."""
+    model, ours = _models(generator, "cuda", hoist_elements=True)
+    crystal, molecule = structures(generator)
+    z0, z1 = [int(z) for z in model.atomic_numbers]
+    for step in range(4):
+        moved = crystal.copy()
+        moved.positions += 0.02 * step
+        if step >= 2:  # an atom of the other element each step (the same edges: the same bucket)
+            numbers = moved.get_atomic_numbers()
+            numbers[step] = z1 if numbers[step] == z0 else z0
+            moved.set_atomic_numbers(numbers)
+        data = _on(batch([moved, molecule], model), "cuda")
+        _assert_equal_outputs(ours(dict(data), compute_stress=True), model(dict(data), compute_stress=True))
+    assert ours.captures == 1
+    (bucket,) = ours._buckets.values()
+    assert bucket.hoisted and bucket.graph is not None
+
+
+def test_a_hoisted_bucket_rewrites_its_tables_when_the_elements_change(monkeypatch, generator):
+    """The capture flow simulated on the CPU (CUDA's streams and graphs replaced by stand-ins; inside the stand-in
+    graph every tensor counts as captured): with ``hoist_elements=True`` the capture records the converted
+    layers' readings of the node attributes, the same objects the warm-up made; a later call whose atoms have
+    other elements rewrites their tables before the (stand-in) replay, equal to a fresh reading of the new
+    attributes; a call that changes their kind (a row with two nonzeros) drops the graph to capture again."""
+    import types
+
+    from sparse_accumulation.indices import Elements
+
+    model, ours = _models(generator, cpu="padded", hoist_elements=True)
+    crystal, molecule = structures(generator)
+    data = batch([crystal, molecule], model)
+    capturing = []
+    stream = types.SimpleNamespace(wait_stream=lambda other: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
+
+    @contextlib.contextmanager
+    def graph(graph, pool=None):
+        capturing.append(True)
+        try:
+            yield
+        finally:
+            capturing.pop()
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(indices, "capturing", lambda t: bool(capturing))
+    options = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
+                   compute_edge_forces=False, compute_atomic_stresses=False)
+    atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
+    bucket = ours._bucket(data, atoms, edges, systems, tuple(options.values()))
+    bucket.fill(data, atoms, edges)
+    ours._capture(bucket, options)
+    assert bucket.hoisted and all(y is bucket.static["node_attrs"] for y, _, _ in bucket.hoisted)
+    readings = {id(prepared.elements): prepared.elements for _, _, prepared in bucket.hoisted}
+
+    numbers, (z0, z1) = crystal.get_atomic_numbers(), [int(z) for z in model.atomic_numbers]
+    numbers[0] = z1 if numbers[0] == z0 else z0  # one atom of the other element: the same edges
+    changed = crystal.copy()
+    changed.set_atomic_numbers(numbers)
+    other = batch([changed, molecule], model)
+    assert other["edge_index"].shape == data["edge_index"].shape
+    before = [elements.tensor.clone() for elements in readings.values()]
+    ours(dict(other), compute_stress=True)
+    assert not any(torch.equal(elements.tensor, old) for elements, old in zip(readings.values(), before))
+    assert bucket.graph is not None
+    y = bucket.static["node_attrs"]
+    fresh = Elements(y.abs().argmax(1), y.shape[1], check=False)
+    for elements in readings.values():
+        assert torch.equal(elements.tensor, fresh.tensor) and torch.equal(elements.order, fresh.order)
+        for key in [k for k in elements._tiles if not isinstance(k, tuple)]:
+            assert all(torch.equal(a, b) for a, b in zip(elements.tiles(key), fresh.tiles(key)))
+
+    mixed = dict(other, node_attrs=other["node_attrs"].clone())
+    mixed["node_attrs"][0] = 0.5
+    ours(dict(mixed), compute_stress=True)
+    assert bucket.graph is None and not bucket.hoisted
