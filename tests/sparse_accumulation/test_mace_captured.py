@@ -286,22 +286,40 @@ def test_compiled_buckets_equal_maces_model(generator, device, monkeypatch):
     assert ours._compiled is not None
 
 
-def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
-    """A bucket's captured outputs (a capture simulated on the CPU: CUDA's streams and graphs replaced by stand-ins
-    that run the calls) hold no autograd graph: the captured energy's graph would keep the parameters' gradient
-    accumulators, tied to the capture's stream, alive for a later capture of a training step to meet. The
-    outputs still equal MACE's."""
+def _simulated_cuda_graphs(monkeypatch, capturing: bool = False) -> None:
+    """CUDA's streams and graphs replaced by stand-ins that run the calls (a replay does nothing); with
+    ``capturing``, every tensor counts as captured inside the stand-in graph (``indices.capturing``)."""
     import types
 
-    model, ours = _models(generator)
-    data = batch(structures(generator), model)
+    inside = []
     stream = types.SimpleNamespace(wait_stream=lambda other: None)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+
+    @contextlib.contextmanager
+    def graph(graph, pool=None):
+        inside.append(True)
+        try:
+            yield
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    if capturing:
+        monkeypatch.setattr(indices, "capturing", lambda t: bool(inside))
+
+
+def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
+    """A bucket's captured outputs (a capture simulated on the CPU: CUDA's streams and graphs replaced by stand-ins
+    that run the calls) hold no autograd graph: the captured energy's graph would keep the parameters' gradient
+    accumulators, tied to the capture's stream, alive for a later capture of a training step to meet. The
+    outputs still equal MACE's."""
+    model, ours = _models(generator)
+    data = batch(structures(generator), model)
+    _simulated_cuda_graphs(monkeypatch)
     options = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
                    compute_edge_forces=False, compute_atomic_stresses=False)
     atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
@@ -412,31 +430,12 @@ def test_a_hoisted_bucket_rewrites_its_tables_when_the_elements_change(monkeypat
     layers' readings of the node attributes, the same objects the warm-up made; a later call whose atoms have
     other elements rewrites their tables before the (stand-in) replay, equal to a fresh reading of the new
     attributes; a call that changes their kind (a row with two nonzeros) drops the graph to capture again."""
-    import types
-
     from sparse_accumulation.indices import Elements
 
     model, ours = _models(generator, cpu="padded", hoist_elements=True)
     crystal, molecule = structures(generator)
     data = batch([crystal, molecule], model)
-    capturing = []
-    stream = types.SimpleNamespace(wait_stream=lambda other: None)
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
-    monkeypatch.setattr(torch.cuda, "Stream", lambda: stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: types.SimpleNamespace(replay=lambda: None))
-
-    @contextlib.contextmanager
-    def graph(graph, pool=None):
-        capturing.append(True)
-        try:
-            yield
-        finally:
-            capturing.pop()
-
-    monkeypatch.setattr(torch.cuda, "graph", graph)
-    monkeypatch.setattr(indices, "capturing", lambda t: bool(capturing))
+    _simulated_cuda_graphs(monkeypatch, capturing=True)
     options = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
                    compute_edge_forces=False, compute_atomic_stresses=False)
     atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
