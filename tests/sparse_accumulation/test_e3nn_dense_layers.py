@@ -58,8 +58,13 @@ def _assert_all_close(got, expected):
         assert torch.allclose(g, e, rtol=0, atol=1e-12 * scale), i
 
 
+@pytest.mark.parametrize("kron", [False, True])
 @pytest.mark.parametrize("irreps_in, irreps_out, kwargs", LINEAR_CASES)
-def test_linear_equals_e3nns_to_second_order(generator, irreps_in, irreps_out, kwargs):
+def test_linear_equals_e3nns_to_second_order(generator, monkeypatch, irreps_in, irreps_out, kwargs, kron):
+    """Also with the Kronecker products of small calls (``KRON_MAX_ROWS``) for every output of dimension > 1."""
+    from sparse_accumulation.e3nn import linear
+
+    monkeypatch.setattr(linear, "KRON_MAX_ROWS", 10 ** 9 if kron else 0)
     theirs = _e3nns_with_random_parameters(lambda: o3.Linear(irreps_in, irreps_out, **kwargs), generator)
     ours = Linear.from_e3nn(theirs)
     assert ours.weight is theirs.weight and ours.bias is theirs.bias
