@@ -58,7 +58,7 @@ class Linear(ExactBuffers, torch.nn.Module):
     """
 
     # what TorchScript reads (typed here: an empty list would not be), and what it does not
-    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_path_weights"]
+    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_made"]
     _plans: List[List[int]]
     _in_sizes: List[int]
     _weight_sizes: List[int]
@@ -263,29 +263,30 @@ class Linear(ExactBuffers, torch.nn.Module):
     def _identity_like(self, d: int, like: torch.Tensor) -> torch.Tensor:
         """The ``d x d`` identity as ``[1, d, 1, d]`` on ``like``'s device in its dtype, made once per triple (as
         :meth:`_path_weights_like` keeps its copies)."""
-        key = (d, like.device, like.dtype)
-        found = self._identities.get(key)
-        if found is None:
-            found = torch.eye(d, device=like.device, dtype=like.dtype).view(1, d, 1, d)
-            if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
-                self._identities[key] = found
-        return found
+        return self._kept(("identity", d, like.device, like.dtype),
+                          lambda: torch.eye(d, device=like.device, dtype=like.dtype).view(1, d, 1, d))
 
     @torch.jit.unused
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
         """Each weight entry's path weight on ``weight``'s device, in its dtype: the module's buffer where it has
         them (a compiled graph then copies nothing from the host, which a CUDA graph could not capture), else made
-        from the float64 values once per pair (not kept when made while compiling, or inside inference mode, where it
-        would be an inference tensor that a later call that trains could not save for its backward)."""
+        from the float64 values once per pair (:meth:`_kept`)."""
         held = self.path_weight_values
         if held.device == weight.device and held.dtype == weight.dtype:
             return held
-        key = (weight.device, weight.dtype)
-        found = self._path_weights.get(key)
+        return self._kept(("path weights", weight.device, weight.dtype),
+                          lambda: self._exact_values["path_weight_values"].to(weight.device, weight.dtype))
+
+    @torch.jit.unused
+    def _kept(self, key: tuple, make) -> torch.Tensor:
+        """``make()``, kept under ``key`` for later calls, except when made while compiling or inside inference
+        mode (where it would be an inference tensor that a later call that trains could not save for its
+        backward)."""
+        found = self._made.get(key)
         if found is None:
-            found = self._exact_values["path_weight_values"].to(weight.device, weight.dtype)
+            found = make()
             if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
-                self._path_weights[key] = found
+                self._made[key] = found
         return found
 
     def _plan(self) -> None:
@@ -302,7 +303,7 @@ class Linear(ExactBuffers, torch.nn.Module):
         self.register_exact("path_weight_values", torch.cat(
             [torch.full((n,), ins.path_weight, dtype=torch.float64) for n, ins in zip(self._weight_sizes, weighted)]
             or [torch.zeros(0, dtype=torch.float64)]), torch.float64)
-        self._path_weights, self._identities = {}, {}
+        self._made = {}  # tensors made from constants per device and dtype (_kept)
         bias_offsets, offset = {}, 0
         for ins in self.instructions:
             if ins.i_in == -1:
