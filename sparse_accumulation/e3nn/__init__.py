@@ -16,5 +16,5 @@ from .sub import ElementwiseTensorProduct, FullTensorProduct, FullyConnectedTens
 
 __all__ = ["TensorProduct", "FullyConnectedTensorProduct", "ElementwiseTensorProduct", "FullTensorProduct",
            "TensorSquare", "Linear", "FullyConnectedNet", "SphericalHarmonics", "DeferredWeights", "Instruction",
-           "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS", "PATH_NORMALIZATIONS", "InvalidArgumentError", "WeightsMissingError",
-           "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]
+           "SUPPORTED_MODES", "E3NN_MODES", "IRREP_NORMALIZATIONS", "PATH_NORMALIZATIONS", "InvalidArgumentError",
+           "WeightsMissingError", "IrrepIndexError", "UnknownModeError", "LeadingDimensionsError"]

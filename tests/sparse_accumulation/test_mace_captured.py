@@ -312,6 +312,21 @@ def _simulated_cuda_graphs(monkeypatch, capturing: bool = False) -> None:
         monkeypatch.setattr(indices, "capturing", lambda t: bool(inside))
 
 
+#: the options of a forces and stress call (MACE's call keywords; a bucket's key holds their values)
+STRESS_CALL = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
+                   compute_edge_forces=False, compute_atomic_stresses=False)
+
+
+def _captured_bucket(ours, data) -> tuple:
+    """``(bucket, atoms, edges)``: the bucket of ``data``'s forces and stress call, filled and captured (under
+    :func:`_simulated_cuda_graphs` on the CPU)."""
+    atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
+    bucket = ours._bucket(data, atoms, edges, systems, tuple(STRESS_CALL.values()))
+    bucket.fill(data, atoms, edges)
+    ours._capture(bucket, STRESS_CALL)
+    return bucket, atoms, edges
+
+
 def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
     """A bucket's captured outputs (a capture simulated on the CPU: CUDA's streams and graphs replaced by stand-ins
     that run the calls) hold no autograd graph: the captured energy's graph would keep the parameters' gradient
@@ -320,12 +335,7 @@ def test_a_capture_keeps_no_autograd_graph(monkeypatch, generator):
     model, ours = _models(generator)
     data = batch(structures(generator), model)
     _simulated_cuda_graphs(monkeypatch)
-    options = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
-                   compute_edge_forces=False, compute_atomic_stresses=False)
-    atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
-    bucket = ours._bucket(data, atoms, edges, systems, tuple(options.values()))
-    bucket.fill(data, atoms, edges)
-    ours._capture(bucket, options)
+    bucket, atoms, edges = _captured_bucket(ours, data)
     tensors = [v for v in bucket.outputs.values() if isinstance(v, torch.Tensor)]
     assert tensors and all(v.grad_fn is None and not v.requires_grad for v in tensors)
     _assert_equal_outputs(bucket.real_outputs(bucket.outputs, atoms, edges, copy=True),
@@ -383,7 +393,7 @@ def test_a_bucket_compares_node_attributes_only_when_they_may_have_changed(monke
     model, ours = _models(generator, cpu="padded", hoist_elements=True)
     data = batch(structures(generator), model)
     atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
-    bucket = ours._bucket(data, atoms, edges, systems, (True,) + (False,) * 5)
+    bucket = ours._bucket(data, atoms, edges, systems, tuple(STRESS_CALL.values()))
     assert bucket.attributes_changed(data, atoms, edges)  # nothing filled yet
     bucket.fill(data, atoms, edges)
     compared = []
@@ -436,12 +446,7 @@ def test_a_hoisted_bucket_rewrites_its_tables_when_the_elements_change(monkeypat
     crystal, molecule = structures(generator)
     data = batch([crystal, molecule], model)
     _simulated_cuda_graphs(monkeypatch, capturing=True)
-    options = dict(compute_force=True, compute_virials=False, compute_stress=True, compute_displacement=False,
-                   compute_edge_forces=False, compute_atomic_stresses=False)
-    atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
-    bucket = ours._bucket(data, atoms, edges, systems, tuple(options.values()))
-    bucket.fill(data, atoms, edges)
-    ours._capture(bucket, options)
+    bucket, _, _ = _captured_bucket(ours, data)
     assert bucket.hoisted and all(y is bucket.static["node_attrs"] for y, _, _ in bucket.hoisted)
     readings = {id(prepared.elements): prepared.elements for _, _, prepared in bucket.hoisted}
 
