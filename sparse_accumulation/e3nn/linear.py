@@ -18,13 +18,6 @@ from .tensor_product import InvalidArgumentError, IrrepIndexError, WeightsMissin
 
 __all__ = ["Linear"]
 
-#: shared-weight calls of at most this many rows compute each output irrep of dimension d > 1 fed by one input
-#: irrep as one matrix product with the weight block's Kronecker product with the d x d identity (``[rows, mul_in *
-#: d] @ [mul_in * d, mul_out * d]``): d times the arithmetic of the product over ``rows * d`` transposed rows, but
-#: no transposing copies, forward or backward. For small systems, whose captured steps cost a launch per
-#: operation; 0: never.
-KRON_MAX_ROWS = 0
-
 
 class LinearInstruction(NamedTuple):
     """One path of a :class:`Linear`: input irrep ``i_in`` (``-1``: a bias) into output irrep ``i_out``,
@@ -58,7 +51,7 @@ class Linear(ExactBuffers, torch.nn.Module):
     """
 
     # what TorchScript reads (typed here: an empty list would not be), and what it does not
-    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_made"]
+    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_path_weights"]
     _plans: List[List[int]]
     _in_sizes: List[int]
     _weight_sizes: List[int]
@@ -228,12 +221,7 @@ class Linear(ExactBuffers, torch.nn.Module):
             mul_out, d, mul_in, bias_at = plan[0], plan[1], plan[2], plan[3]
             paths = [(plan[j], plan[j + 1], plan[j + 2]) for j in range(4, len(plan), 3)]
             piece: Optional[torch.Tensor] = None
-            if len(paths) == 1 and d > 1 and self.shared_weights and not torch.jit.is_scripting() \
-                    and self._small(rows):
-                i, u, k = paths[0]
-                kron = blocks[k].view(u, 1, mul_out, 1) * self._identity_like(d, x)  # [u, d, mul_out, d]
-                piece = parts[i] @ kron.reshape(u * d, mul_out * d)
-            elif len(paths) > 0 and self.shared_weights:
+            if len(paths) > 0 and self.shared_weights:
                 # the paths into this output as one product: [rows * d, sum of u] @ [sum of u, mul_out]
                 inputs = [parts[i].view(rows, u, d).transpose(1, 2) for i, u, _ in paths]
                 xt = (inputs[0] if len(inputs) == 1 else torch.cat(inputs, dim=2)).reshape(rows * d, mul_in)
@@ -255,38 +243,20 @@ class Linear(ExactBuffers, torch.nn.Module):
         return result.reshape(lead + [self._dim_out])
 
     @torch.jit.unused
-    def _small(self, rows: int) -> bool:
-        """Whether a call of ``rows`` rows takes the Kronecker products (:data:`KRON_MAX_ROWS`)."""
-        return rows <= KRON_MAX_ROWS
-
-    @torch.jit.unused
-    def _identity_like(self, d: int, like: torch.Tensor) -> torch.Tensor:
-        """The ``d x d`` identity as ``[1, d, 1, d]`` on ``like``'s device in its dtype, made once per triple (as
-        :meth:`_path_weights_like` keeps its copies)."""
-        return self._kept(("identity", d, like.device, like.dtype),
-                          lambda: torch.eye(d, device=like.device, dtype=like.dtype).view(1, d, 1, d))
-
-    @torch.jit.unused
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
         """Each weight entry's path weight on ``weight``'s device, in its dtype: the module's buffer where it has
         them (a compiled graph then copies nothing from the host, which a CUDA graph could not capture), else made
-        from the float64 values once per pair (:meth:`_kept`)."""
+        from the float64 values once per pair (not kept when made while compiling, or inside inference mode, where it
+        would be an inference tensor that a later call that trains could not save for its backward)."""
         held = self.path_weight_values
         if held.device == weight.device and held.dtype == weight.dtype:
             return held
-        return self._kept(("path weights", weight.device, weight.dtype),
-                          lambda: self._exact_values["path_weight_values"].to(weight.device, weight.dtype))
-
-    @torch.jit.unused
-    def _kept(self, key: tuple, make) -> torch.Tensor:
-        """``make()``, kept under ``key`` for later calls, except when made while compiling or inside inference
-        mode (where it would be an inference tensor that a later call that trains could not save for its
-        backward)."""
-        found = self._made.get(key)
+        key = (weight.device, weight.dtype)
+        found = self._path_weights.get(key)
         if found is None:
-            found = make()
+            found = self._exact_values["path_weight_values"].to(weight.device, weight.dtype)
             if not (torch.compiler.is_compiling() or torch.is_inference_mode_enabled()):
-                self._made[key] = found
+                self._path_weights[key] = found
         return found
 
     def _plan(self) -> None:
@@ -303,7 +273,7 @@ class Linear(ExactBuffers, torch.nn.Module):
         self.register_exact("path_weight_values", torch.cat(
             [torch.full((n,), ins.path_weight, dtype=torch.float64) for n, ins in zip(self._weight_sizes, weighted)]
             or [torch.zeros(0, dtype=torch.float64)]), torch.float64)
-        self._made = {}  # tensors made from constants per device and dtype (_kept)
+        self._path_weights = {}
         bias_offsets, offset = {}, 0
         for ins in self.instructions:
             if ins.i_in == -1:

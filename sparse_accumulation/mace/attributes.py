@@ -120,7 +120,8 @@ def prepare(y, num_elements: int, name: str = "y") -> Attributes:
             if found is not None:
                 elements, scale, per_node = found
                 prepared = Attributes(elements, scale, y if per_node else None)
-                record.append((y, num_elements, prepared))
+                if not any(taken.elements is elements for _, _, taken in record):  # each reading refreshed once
+                    record.append((y, num_elements, prepared))
                 return prepared
         # nothing may be read: made unchecked (found again within a capture scope, see indices.capture_scope)
         return _prepared.get((y,), (num_elements, "unchecked"), lambda: _unread(y, num_elements, name))
@@ -142,8 +143,8 @@ def hoisted(record: List[tuple]):
     """Within this context (this thread), a CUDA graph capture of :func:`prepare` takes what an eager call read
     of the same, unchanged ``y`` (its elements, their tile tables, the rows' scale) instead of recording a
     reading of its own: the graph reads those tensors, made once, rather than rebuilding them in every replay.
-    Each reading taken is appended to ``record`` as ``(y, num_elements, Attributes)``; whoever replays the graph
-    must call :func:`refresh` with it whenever ``y``'s values change."""
+    Each reading taken is appended to ``record`` once as ``(y, num_elements, Attributes)``; whoever replays the
+    graph must call :func:`refresh` with it whenever ``y``'s values change."""
     previous = getattr(_hoisting, "record", None)
     _hoisting.record = record
     try:

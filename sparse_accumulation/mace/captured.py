@@ -21,12 +21,13 @@ launches fewer of them. The first call of each bucket compiles (minutes for a MA
 inductor); the positions are made to require grad and, for stress and virials, the strain (``displacement``) is a
 static input leaf, as a compiled MACE call needs (see ``docs/mace.rst``).
 
-With ``hoist_elements=True`` what the converted layers make of the node attributes (the elements, the nodes
-sorted by element, the tile tables) is made once, by the eager warm-up calls, and read by the graph, instead of
-being rebuilt in every replay: the node attributes rarely change in MD. A call whose node attributes differ from
+With ``hoist_elements=True`` (the default) what the converted layers make of the node attributes (the elements, the
+nodes sorted by element, the tile tables) is made once, by the eager warm-up calls, and read by the graph, instead
+of being rebuilt in every replay: the node attributes rarely change in MD. A call whose node attributes differ from
 the bucket's (a host check where the same unchanged tensor comes again, else a comparison on the device, one
 synchronisation) rewrites those tables in place before the replay, or captures the bucket again where their kind
-changed.
+changed. On an H200 this took 0.1-0.2 ms off each replayed forces call of the model in ``benchmarks/RESULTS.md``
+(64-4,096 atoms).
 
 Calls that a graph cannot replay run the model eagerly: tensors on the CPU (unless ``cpu="padded"``, which runs
 the padded buckets eagerly, to test them), ``training=True`` (a training step keeps its autograd graph past
@@ -101,7 +102,7 @@ class _Bucket:
         y, static = data.get("node_attrs"), self.static.get("node_attrs")
         if not isinstance(y, torch.Tensor) or static is None:
             return False
-        if self.filled != (atoms, edges):  # the padding atoms' rows are written again
+        if self.filled is None or self.filled[0] != atoms:  # the padding atoms' rows are written again
             return True
         last = self.attributes_from
         if last is not None and last[0]() is y and last[1] == y._version:
@@ -198,7 +199,7 @@ class CapturedModel(torch.nn.Module):
             (``dynamic=False``: one compiled graph per bucket; torch.compile's limit on recompiles, 8 by default,
             bounds the buckets that compile, later ones run its eager fallback); default False.
         hoist_elements: the graph reads the converted layers' element tables made by the warm-up calls instead
-            of rebuilding them in each replay (see the module docstring); default False.
+            of rebuilding them in each replay (see the module docstring); default True.
 
     A call takes MACE's ``data`` dict (a batch of ``ptr``/``batch``-indexed systems): ``positions``,
     ``node_attrs``, ``batch``, ``ptr``, ``edge_index``, ``shifts``, ``unit_shifts``, ``cell`` and, where
@@ -215,7 +216,7 @@ class CapturedModel(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, *, atom_multiple: int = 64, edge_headroom: float = 0.1,
                  edge_multiple: int = 256, max_buckets: int = 8, cpu: str = "eager", compile: bool = False,
-                 hoist_elements: bool = False):
+                 hoist_elements: bool = True):
         super().__init__()
         for name, value in (("atom_multiple", atom_multiple), ("edge_multiple", edge_multiple),
                             ("max_buckets", max_buckets)):

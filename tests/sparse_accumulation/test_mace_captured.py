@@ -196,12 +196,14 @@ def test_what_is_not_a_mace_model_or_batch_is_refused(generator):
         ours(data)
 
 
-@pytest.mark.parametrize("dtype, rtol", [pytest.param(torch.float64, RTOL, marks=_CUDA),
-                                         pytest.param(torch.float32, 1e-5, marks=_CUDA)])
-def test_replays_equal_maces_model_for_new_positions_and_neighbour_lists(generator, dtype, rtol):
+@pytest.mark.parametrize("dtype, rtol, hoist", [pytest.param(torch.float64, RTOL, True, marks=_CUDA),
+                                                pytest.param(torch.float32, 1e-5, True, marks=_CUDA),
+                                                pytest.param(torch.float32, 1e-5, False, marks=_CUDA)])
+def test_replays_equal_maces_model_for_new_positions_and_neighbour_lists(generator, dtype, rtol, hoist):
     """On CUDA: captured once per bucket, replayed for new positions, for a neighbour list a little smaller (the
-    same graph) and one that outgrows its bucket (a new capture), and for the first again."""
-    model, ours = _models(generator, "cuda", dtype)
+    same graph) and one that outgrows its bucket (a new capture), and for the first again; with the element
+    tables hoisted out of the graph (the default) and rebuilt in it."""
+    model, ours = _models(generator, "cuda", dtype, hoist_elements=hoist)
     crystal, molecule = structures(generator)
     rng = np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=generator)))
     for factor, captures in ((1.0, 1), (1.0, 1), (1.01, 1), (0.8, 2), (1.0, 2)):
@@ -366,7 +368,8 @@ def test_a_hoisted_capture_reads_the_eager_elements_and_refresh_rewrites_them_in
     record = []
     with attributes.hoisted(record):
         taken = attributes.prepare(y, num)
-    assert taken.elements is eager.elements and taken.scale is eager.scale
+        again = attributes.prepare(y, num)  # another layer's reading: the same one, recorded once
+    assert taken.elements is eager.elements and taken.scale is eager.scale and again.elements is eager.elements
     assert len(record) == 1 and record[0][0] is y and record[0][2] is taken
     assert attributes.prepare(y, num).elements is not eager.elements
     monkeypatch.undo()
@@ -389,7 +392,8 @@ def test_a_hoisted_capture_reads_the_eager_elements_and_refresh_rewrites_them_in
 
 def test_a_bucket_compares_node_attributes_only_when_they_may_have_changed(monkeypatch, generator):
     """``attributes_changed``: the same unchanged tensor again is not compared; another tensor of equal values is
-    unchanged, one of other values changed; new real sizes (padding rows written again) count as a change."""
+    unchanged (also with another edge count: MD's neighbour lists change size every few steps), one of other
+    values changed; another real atom count (padding rows written again) counts as a change."""
     model, ours = _models(generator, cpu="padded", hoist_elements=True)
     data = batch(structures(generator), model)
     atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
@@ -402,6 +406,9 @@ def test_a_bucket_compares_node_attributes_only_when_they_may_have_changed(monke
     assert not bucket.attributes_changed(data, atoms, edges) and not compared
     same = dict(data, node_attrs=data["node_attrs"].clone())
     assert not bucket.attributes_changed(same, atoms, edges) and compared
+    bucket.fill(dict(data, edge_index=data["edge_index"][:, :-1], shifts=data["shifts"][:-1],
+                     unit_shifts=data["unit_shifts"][:-1]), atoms, edges - 1)
+    assert not bucket.attributes_changed(same, atoms, edges - 1)
     other = dict(data, node_attrs=data["node_attrs"].flip(1))
     assert bucket.attributes_changed(other, atoms, edges)
     data["node_attrs"].mul_(1.0)  # changed in place (its version): compared again
