@@ -2,8 +2,8 @@
 ``enable_SparseAccumulationContracter`` (``sparse_accumulation.allegro``): the checks of ``tests/nequip_suite/``
 in a child pytest with NequIP's own fixtures (they change process-wide state: default
 dtype, seeds, e3nn's and dynamo's settings), which never load into this suite's processes. The slow selection runs
-NequIP's model tests on one configuration in float64 and the modifiers' checks; ``-m long`` runs every
-configuration (NequIP's and Allegro's) and dtype."""
+NequIP's model tests on one configuration in float64 and the modifiers' checks (Allegro's without its AOTInductor
+export); ``-m long`` runs every configuration (NequIP's and Allegro's) and dtype, and that export."""
 import importlib.util
 import os
 import subprocess
@@ -45,7 +45,16 @@ def test_the_modifier_against_unmodified_nequip_models(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("allegro") is None, reason="needs nequip-allegro")
 def test_the_allegro_modifier_against_unmodified_allegro_models(tmp_path):
-    _child_pytest(tmp_path, ["run_allegro_checks.py"])
+    """Its AOTInductor export (a minute of C++ compiling, the same export path as NequIP's checked above) is left to
+    ``-m long``."""
+    _child_pytest(tmp_path, ["run_allegro_checks.py"], "not aotinductor")
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.skipif(importlib.util.find_spec("allegro") is None, reason="needs nequip-allegro")
+def test_an_allegro_model_with_the_modifier_exports_with_aotinductor(tmp_path):
+    _child_pytest(tmp_path, ["run_allegro_checks.py"], "aotinductor")
 
 
 @pytest.mark.slow
