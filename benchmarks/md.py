@@ -21,8 +21,9 @@ velocities of 300 K. Variants:
 * ``ours-eager``: ``accelerate`` of the model; ``ours``: that model in :class:`~sparse_accumulation.mace.CapturedModel`;
   ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
   ``ours-unhoisted``: with ``hoist_elements=False`` (the element tables rebuilt by every replay);
-* ``ours-split1``, ``ours-int64``: ``ours`` with one of the library's choices changed (:data:`ABLATIONS`: no row
-  sharing in the graph kernels of small graphs; int64 sort keys), for comparisons in one process;
+* ``ours-split1``, ``ours-int64``, ``ours-fused-linear``: ``ours`` with one of the library's choices changed
+  (:data:`ABLATIONS`: no row sharing in the graph kernels of small graphs; int64 sort keys; the e3nn-layout
+  ``Linear``'s calls of up to 65,536 rows as one Triton kernel per direction), for comparisons in one process;
   ``ours-maces-edges``: ``ours`` with MACE's own spherical harmonics, radial embedding and message reshapes put
   back (the converted model's other layers as ``ours``).
 
@@ -58,11 +59,12 @@ from sparse_accumulation.mace import CapturedModel, accelerate  # noqa: E402
 from symmetric_contraction import cpu_name, versions  # noqa: E402
 
 VARIANTS = ("mace", "cueq", "cueq-captured", "ours-eager", "ours", "ours-compiled", "ours-unhoisted",
-            "ours-split1", "ours-int64", "ours-maces-edges")
+            "ours-split1", "ours-int64", "ours-fused-linear", "ours-maces-edges")
 #: ``ours`` with one of the library's choices changed while it is called (and so captured): (module, name, value)
 ABLATIONS = {
     "ours-split1": ("sparse_accumulation.kernels.triton.graph", "SPLIT", 1),  # no row sharing in small graphs
     "ours-int64": ("sparse_accumulation.indices", "sort_keys", lambda index, size: index),  # int64 sort keys
+    "ours-fused-linear": ("sparse_accumulation.e3nn.linear", "FUSED_MAX_ROWS", 65536),  # Linear in one kernel
 }
 
 

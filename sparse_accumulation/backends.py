@@ -24,9 +24,9 @@ ENVIRONMENT_VARIABLE = "SPARSE_ACCUMULATION_IMPLEMENTATION"
 
 #: the operations, each with the kernel implementations that have a module of kernels for it
 #: (``kernels/<backend>/<operation>.py``): the registered ops' have all three; SiLU's second derivative
-#: (``"activations"``) runs on Triton or torch, e3nn's fused "uvw" products on Triton only
+#: (``"activations"``) runs on Triton or torch, e3nn's fused "uvw" products and shared-weight ``Linear`` on Triton only
 KERNELS_OF = {"accumulate": KERNELS, "graph": KERNELS, "polynomial": KERNELS, "pair_sums": KERNELS,
-              "activations": ("triton", "torch"), "uvw": ("triton",)}
+              "activations": ("triton", "torch"), "uvw": ("triton",), "linear": ("triton",)}
 OPERATIONS = tuple(KERNELS_OF)
 
 

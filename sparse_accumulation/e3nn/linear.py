@@ -18,6 +18,11 @@ from .tensor_product import InvalidArgumentError, IrrepIndexError, WeightsMissin
 
 __all__ = ["Linear"]
 
+#: shared-weight float32 calls on CUDA of at most this many rows compute the map, and the inputs' gradient, each
+#: as one Triton kernel (:mod:`sparse_accumulation.ops.linear`) instead of a transposing copy, a product and a
+#: copy back per output irrep; 0: never
+FUSED_MAX_ROWS = 0
+
 
 class LinearInstruction(NamedTuple):
     """One path of a :class:`Linear`: input irrep ``i_in`` (``-1``: a bias) into output irrep ``i_out``,
@@ -51,7 +56,7 @@ class Linear(ExactBuffers, torch.nn.Module):
     """
 
     # what TorchScript reads (typed here: an empty list would not be), and what it does not
-    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_path_weights"]
+    __jit_ignored_attributes__ = ExactBuffers.__jit_ignored_attributes__ + ["_path_weights", "_fused_tables"]
     _plans: List[List[int]]
     _in_sizes: List[int]
     _weight_sizes: List[int]
@@ -206,6 +211,8 @@ class Linear(ExactBuffers, torch.nn.Module):
         for n in lead:
             rows *= n
         x = features.reshape(rows, features.shape[-1])  # (not -1: ambiguous for empty irreps_in)
+        if self.shared_weights and self.weight_numel > 0 and not torch.jit.is_scripting() and self._fused(x, rows):
+            return self._fused_forward(x, weight, bias).reshape(lead + [self._dim_out])
         parts: List[torch.Tensor] = []
         blocks: List[torch.Tensor] = []
         if self.weight_numel > 0:
@@ -243,6 +250,29 @@ class Linear(ExactBuffers, torch.nn.Module):
         return result.reshape(lead + [self._dim_out])
 
     @torch.jit.unused
+    def _fused(self, x: torch.Tensor, rows: int) -> bool:
+        """Whether this call takes the fused kernel (:data:`FUSED_MAX_ROWS`)."""
+        from ..ops import linear as fused
+
+        return 0 < rows <= FUSED_MAX_ROWS and not torch.compiler.is_compiling() and fused.available(x)
+
+    @torch.jit.unused
+    def _fused_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        from ..ops import linear as fused
+
+        if self._fused_tables is None:
+            in_at = [sum(self._in_sizes[:i]) for i in range(len(self._in_sizes))]
+            out_at = [sum(mul_ir.dim for mul_ir in self.irreps_out[:j]) for j in range(len(self.irreps_out))]
+            weighted = [ins for ins in self.instructions if ins.i_in != -1]
+            paths = [(in_at[ins.i_in], ins.path_shape[0], out_at[ins.i_out], ins.path_shape[1],
+                      self.irreps_in[ins.i_in].ir.dim, sum(self._weight_sizes[:k]), ins.path_weight)
+                     for k, ins in enumerate(weighted) if 0 not in ins.path_shape]
+            outputs = [(out_at[j], plan[0], plan[1], plan[3]) for j, plan in enumerate(self._plans)]
+            inputs = [(in_at[i], mul_ir.mul, mul_ir.ir.dim) for i, mul_ir in enumerate(self.irreps_in)]
+            self._fused_tables = fused.LinearTables(paths, outputs, inputs, self._dim_in, self._dim_out)
+        return fused.linear(x, weight, bias if self.bias_numel > 0 else None, self._fused_tables)
+
+    @torch.jit.unused
     def _path_weights_like(self, weight: torch.Tensor) -> torch.Tensor:
         """Each weight entry's path weight on ``weight``'s device, in its dtype: the module's buffer where it has
         them (a compiled graph then copies nothing from the host, which a CUDA graph could not capture), else made
@@ -274,6 +304,7 @@ class Linear(ExactBuffers, torch.nn.Module):
             [torch.full((n,), ins.path_weight, dtype=torch.float64) for n, ins in zip(self._weight_sizes, weighted)]
             or [torch.zeros(0, dtype=torch.float64)]), torch.float64)
         self._path_weights = {}
+        self._fused_tables = None  # the fused kernel's tables (sparse_accumulation.ops.linear), made on first use
         bias_offsets, offset = {}, 0
         for ins in self.instructions:
             if ins.i_in == -1:
