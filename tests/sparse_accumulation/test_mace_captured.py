@@ -196,13 +196,20 @@ def test_what_is_not_a_mace_model_or_batch_is_refused(generator):
         ours(data)
 
 
-@pytest.mark.parametrize("dtype, rtol, hoist", [pytest.param(torch.float64, RTOL, True, marks=_CUDA),
-                                                pytest.param(torch.float32, 1e-5, True, marks=_CUDA),
-                                                pytest.param(torch.float32, 1e-5, False, marks=_CUDA)])
-def test_replays_equal_maces_model_for_new_positions_and_neighbour_lists(generator, dtype, rtol, hoist):
+@pytest.mark.parametrize("dtype, rtol, hoist, fused_linear", [
+    pytest.param(torch.float64, RTOL, True, False, marks=_CUDA),
+    pytest.param(torch.float32, 1e-5, True, False, marks=_CUDA),
+    pytest.param(torch.float32, 1e-5, False, False, marks=_CUDA),
+    pytest.param(torch.float32, 1e-5, True, True, marks=_CUDA)])
+def test_replays_equal_maces_model_for_new_positions_and_neighbour_lists(generator, monkeypatch, dtype, rtol, hoist,
+                                                                          fused_linear):
     """On CUDA: captured once per bucket, replayed for new positions, for a neighbour list a little smaller (the
     same graph) and one that outgrows its bucket (a new capture), and for the first again; with the element
-    tables hoisted out of the graph (the default) and rebuilt in it."""
+    tables hoisted out of the graph (the default) and rebuilt in it, and with the e3nn-layout ``Linear`` layers
+    on their fused kernel (``FUSED_MAX_ROWS``)."""
+    from sparse_accumulation.e3nn import linear
+
+    monkeypatch.setattr(linear, "FUSED_MAX_ROWS", 65536 if fused_linear else 0)
     model, ours = _models(generator, "cuda", dtype, hoist_elements=hoist)
     crystal, molecule = structures(generator)
     rng = np.random.default_rng(int(torch.randint(2 ** 31, (1,), generator=generator)))
