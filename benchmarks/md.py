@@ -22,8 +22,9 @@ velocities of 300 K. Variants:
   ``ours-compiled``: the same with ``compile=True`` (each bucket's call compiled by torch.compile, then captured);
   ``ours-unhoisted``: with ``hoist_elements=False`` (the element tables rebuilt by every replay);
 * ``ours-split1``, ``ours-int64``, ``ours-fused-linear``: ``ours`` with one of the library's choices changed
-  (:data:`ABLATIONS`: no row sharing in the graph kernels of small graphs; int64 sort keys; the e3nn-layout
-  ``Linear``'s calls of up to 65,536 rows as one Triton kernel per direction), for comparisons in one process;
+  (:data:`ABLATIONS`, set for everything measured of the variant: no row sharing in the graph kernels of small
+  graphs; int64 sort keys; the e3nn-layout ``Linear``'s calls of up to 65,536 rows as one Triton kernel per
+  direction), for comparisons in one process;
   ``ours-maces-edges``: ``ours`` with MACE's own spherical harmonics, radial embedding and message reshapes put
   back (the converted model's other layers as ``ours``).
 
@@ -39,6 +40,7 @@ parameters) eager and captured by hand into one CUDA graph. Float32 as MACE's ca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -113,7 +115,8 @@ def with_maces_edge_layers(ours, mace, device, dtype) -> None:
 
 
 class Ablated:
-    """``model`` called with ``module.name`` set to ``value`` (an ablation of :data:`ABLATIONS`)."""
+    """``model`` measured with ``module.name`` set to ``value`` (an ablation of :data:`ABLATIONS`): inside
+    :meth:`active`, which gives the model."""
 
     def __init__(self, model, module: str, name: str, value):
         import importlib
@@ -121,11 +124,12 @@ class Ablated:
         self.owner, self.name = importlib.import_module(module), name
         self.model, self.value = model, value
 
-    def __call__(self, *args, **kwargs):
+    @contextlib.contextmanager
+    def active(self):
         kept = getattr(self.owner, self.name)
         setattr(self.owner, self.name, self.value)
         try:
-            return self.model(*args, **kwargs)
+            yield self.model
         finally:
             setattr(self.owner, self.name, kept)
 
@@ -322,6 +326,42 @@ def run_md(model, crystal, device, dtype, steps: int, calculator: str = "mace") 
     return {"steps_per_s": statistics.median(rates), "drift_ev_per_atom": drift, "peak_mb": peak}
 
 
+def measure(row: dict, model, crystal, batch, device, dtype, args) -> None:
+    """Fill ``row`` with what ``args`` asks of ``model`` on ``batch`` (the forces call; with options its kernel
+    profile, the operations its capture records, its replay gaps, its training step, NVE steps); a variant that
+    fails records its error."""
+    try:
+        row["call_ms"] = call_ms(model, batch, device, args.repeats)
+        if args.profile and device.type == "cuda":
+            row["profile"] = kernel_profile(model, batch, args.profile)
+        if args.capture_ops and device.type == "cuda" and isinstance(model, CapturedModel):
+            row["capture_ops"] = found = capture_ops(model, batch, args.capture_ops)
+            print(f"  {'':>14}  a capture records {found['operations']} operations, {found['integer']} with "
+                  "integer outputs", flush=True)
+            for op, where, n in found["top"]:
+                print(f"  {'':>14}  {n:4d} {op}  {where}", flush=True)
+        if args.gaps and device.type == "cuda" and isinstance(model, CapturedModel):
+            row["gaps"] = replay_gaps(model, batch, device, args.repeats, args.gaps)
+            found = row["gaps"]
+            print(f"  {'':>14}  replay {found['replay_ms']:.3f} ms, host {found['host_ms']:.3f} ms per call; "
+                  f"{found['kernels']} kernels busy {found['busy_ms']:.3f} ms, idle {found['idle_ms']:.3f} ms",
+                  flush=True)
+            for us, before, after in found["gaps"]:
+                print(f"  {'':>14}  {us:7.1f} us idle after {before} before {after}", flush=True)
+        if args.profile_ops and device.type == "cuda":
+            row["ops"] = op_profile(model, batch, args.profile_ops, args.profile_ops_by)
+            for op, calls, us, frames in row["ops"]:
+                print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {op}  {' < '.join(frames)}", flush=True)
+        if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.use_compile:
+            row.update(train_step_ms(model.model, batch, device, args.repeats))
+        if args.steps:
+            row.update(run_md(model, crystal, device, dtype, args.steps, args.calculator))
+    except torch.OutOfMemoryError:
+        row["error"] = "out of memory"
+    except Exception as error:  # noqa: BLE001 - a variant that fails is a result; the others still run
+        row["error"] = repr(error)[:300]
+
+
 def main(argv=None):
     compiled_kernels_only()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -372,38 +412,11 @@ def main(argv=None):
         crystal = nacl(atoms)
         batch = make_batch(crystal, mace, dtype, device)
         print(f"# {len(crystal)} atoms, {batch['edge_index'].shape[1]} edges", flush=True)
-        for name, model in models.items():
+        for name, wrapped in models.items():
             row = {"variant": name, "atoms": len(crystal), "edges": int(batch["edge_index"].shape[1])}
-            try:
-                row["call_ms"] = call_ms(model, batch, device, args.repeats)
-                if args.profile and device.type == "cuda":
-                    row["profile"] = kernel_profile(model, batch, args.profile)
-                if args.capture_ops and device.type == "cuda" and isinstance(model, CapturedModel):
-                    row["capture_ops"] = found = capture_ops(model, batch, args.capture_ops)
-                    print(f"  {'':>14}  a capture records {found['operations']} operations, {found['integer']} with "
-                          "integer outputs", flush=True)
-                    for name, where, n in found["top"]:
-                        print(f"  {'':>14}  {n:4d} {name}  {where}", flush=True)
-                if args.gaps and device.type == "cuda" and isinstance(model, CapturedModel):
-                    row["gaps"] = replay_gaps(model, batch, device, args.repeats, args.gaps)
-                    found = row["gaps"]
-                    print(f"  {'':>14}  replay {found['replay_ms']:.3f} ms, host {found['host_ms']:.3f} ms per call; "
-                          f"{found['kernels']} kernels busy {found['busy_ms']:.3f} ms, idle {found['idle_ms']:.3f} ms",
-                          flush=True)
-                    for us, before, after in found["gaps"]:
-                        print(f"  {'':>14}  {us:7.1f} us idle after {before} before {after}", flush=True)
-                if args.profile_ops and device.type == "cuda" and name not in ABLATIONS:
-                    row["ops"] = op_profile(model, batch, args.profile_ops, args.profile_ops_by)
-                    for op, calls, us, frames in row["ops"]:
-                        print(f"  {'':>14}  {us:9.1f} us x{calls:<4d} {op}  {' < '.join(frames)}", flush=True)
-                if args.train and device.type == "cuda" and isinstance(model, CapturedModel) and not model.use_compile:
-                    row.update(train_step_ms(model.model, batch, device, args.repeats))
-                if args.steps and name not in ABLATIONS:
-                    row.update(run_md(model, crystal, device, dtype, args.steps, args.calculator))
-            except torch.OutOfMemoryError:
-                row["error"] = "out of memory"
-            except Exception as error:  # noqa: BLE001 - a variant that fails is a result; the others still run
-                row["error"] = repr(error)[:300]
+            # an ablation's setting holds for everything measured of it (its captures, steps and training step)
+            with wrapped.active() if isinstance(wrapped, Ablated) else contextlib.nullcontext(wrapped) as model:
+                measure(row, model, crystal, batch, device, dtype, args)
             rows.append(row)
             shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
                              if k not in ("variant", "atoms", "edges", "profile", "ops", "gaps", "capture_ops"))
