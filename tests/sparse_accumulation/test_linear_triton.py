@@ -30,6 +30,9 @@ CASES = [
     ("70x0e + 40x1o", "66x0e + 35x1o", {"biases": True}),
     # repeated irreps summed into one output, and one input feeding two outputs; an input no output reads (3o)
     ("2x0e + 3x1o + 2x0e + 1x2e + 2x1o + 1x3o", "4x0e + 2x1o + 2x0e", {"biases": [False, False, True]}),
+    # zero multiplicities on both sides; e3nn's path normalisation and instructions of one's own
+    ("0x0e + 3x1o + 2x0e", "2x0e + 0x1o + 1x1o", {}),
+    ("3x0e + 2x1o + 4x0e", "2x0e + 1x1o", {"path_normalization": "path", "instructions": [(0, 0), (1, 1), (2, 0)]}),
 ]
 
 
