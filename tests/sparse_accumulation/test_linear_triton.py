@@ -132,6 +132,35 @@ def test_calls_beyond_the_row_limit_or_in_float64_take_torchs_operations(generat
     assert fused_calls
 
 
+@pytest.mark.parametrize("blocks", [(16, 16, 16), (32, 32, 64)])
+def test_the_kernel_compiles_for_a_cuda_target(monkeypatch, tmp_path, blocks):
+    """The interpreter runs what the compiler may refuse: the generated source compiled for sm_90 (Triton's compiler
+    and ptxas run without a GPU), with the products in full float32 precision (no tensor-core instructions)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource
+
+    from sparse_accumulation.kernels.triton import build
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    name = "sparse_accumulation_linear_compile_test"
+    source = linear_kernels._SOURCE.format(name=name, segment_fields=linear_kernels.SEGMENT_FIELDS,
+                                           path_fields=linear_kernels.PATH_FIELDS)
+    function = triton.jit(build.load_function(source, name))
+    signature = {**{p: "*fp32" for p in ("X", "W", "ALPHA", "BIAS", "OUT")}, "SEGMENTS": "*i32", "PATHS": "*i32",
+                 "rows": "i32", "dim_in": "i32", "dim_out": "i32",
+                 "BLOCK_R": "constexpr", "BLOCK_K": "constexpr", "BLOCK_N": "constexpr"}
+    constants = dict(zip(("BLOCK_R", "BLOCK_K", "BLOCK_N"), blocks))
+    try:
+        compiled = triton.compile(ASTSource(function, signature, constants), target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 4, "num_stages": 1})
+    except RuntimeError as error:  # pragma: no cover - Triton without its NVIDIA backend or ptxas
+        if "ptxas" in str(error) or "backend" in str(error):
+            pytest.skip(f"Triton cannot compile for a CUDA target here: {error}")
+        raise
+    assert "mma" not in compiled.asm["ptx"] and "fma.rn.f32" in compiled.asm["ptx"]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_linear_runs_where_the_limit_allows_on_cuda(generator, monkeypatch):
