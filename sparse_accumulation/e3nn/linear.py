@@ -252,9 +252,11 @@ class Linear(ExactBuffers, torch.nn.Module):
     @torch.jit.unused
     def _fused(self, x: torch.Tensor, rows: int) -> bool:
         """Whether this call takes the fused kernel (:data:`FUSED_MAX_ROWS`)."""
+        if not 0 < rows <= FUSED_MAX_ROWS or torch.compiler.is_compiling():
+            return False
         from ..ops import linear as fused
 
-        return 0 < rows <= FUSED_MAX_ROWS and not torch.compiler.is_compiling() and fused.available(x)
+        return fused.available(x)
 
     @torch.jit.unused
     def _fused_forward(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:

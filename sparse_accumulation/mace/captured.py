@@ -96,7 +96,7 @@ class _Bucket:
             self.static["displacement"] = torch.zeros((systems + 1, 3, 3), dtype=positions.dtype,
                                                       device=positions.device, requires_grad=True)
 
-    def attributes_changed(self, data: Dict[str, torch.Tensor], atoms: int, edges: int) -> bool:
+    def attributes_changed(self, data: Dict[str, torch.Tensor], atoms: int) -> bool:
         """Whether copying ``data`` in would change the static node attributes (before :meth:`fill`): not where
         the same tensor comes again unchanged; else compared on the device (one synchronisation)."""
         y, static = data.get("node_attrs"), self.static.get("node_attrs")
@@ -290,7 +290,7 @@ class CapturedModel(torch.nn.Module):
                                  f"{type(data.get(key)).__name__}")
         atoms, edges, systems = positions.shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
         bucket = self._bucket(data, atoms, edges, systems, tuple(options.values()))
-        stale = bool(bucket.hoisted) and bucket.attributes_changed(data, atoms, edges)
+        stale = bool(bucket.hoisted) and bucket.attributes_changed(data, atoms)
         bucket.fill(data, atoms, edges)
         if stale and not attributes.refresh(bucket.hoisted):
             bucket.graph, bucket.hoisted = None, []  # the readings changed kind: captured again below

@@ -73,12 +73,15 @@ class LinearTables:
                          for i, u, o, w, d, k, alpha in self.paths), key=lambda block: block[0])
         return torch.cat([b for _, b in blocks]) if blocks else u_side.new_zeros(0)
 
+    def biased(self) -> List[Tuple[int, int, int]]:
+        """``(output offset, channels, bias offset)`` of each output irrep with biases, in the biases' order."""
+        return sorted(((offset, channels, bias_at) for offset, channels, _, bias_at, _ in self._layouts[False]
+                       if bias_at >= 0), key=lambda block: block[2])
+
     def bias_gradient(self, grad: torch.Tensor, bias_numel: int) -> torch.Tensor:
         """The flat biases' gradient from the output gradient ``grad``."""
-        pieces = sorted(((bias_at, grad[:, offset:offset + channels].sum(0))
-                         for offset, channels, _, bias_at, _ in self._layouts[False] if bias_at >= 0),
-                        key=lambda piece: piece[0])
-        return torch.cat([p for _, p in pieces]) if pieces else grad.new_zeros(bias_numel)
+        pieces = [grad[:, offset:offset + channels].sum(0) for offset, channels, _ in self.biased()]
+        return torch.cat(pieces) if pieces else grad.new_zeros(bias_numel)
 
 
 def available(x: torch.Tensor) -> bool:
@@ -150,9 +153,8 @@ def _portable(x, weight, bias, tables: LinearTables, transposed: bool, biases: b
             out[:, o:o + w * d] += torch.einsum("uw,rud->rwd", block, x[:, i:i + u * d].reshape(rows, u, d)).reshape(
                 rows, -1)
     if biases and not transposed:
-        for offset, channels, _, bias_at, _ in tables._layouts[False]:
-            if bias_at >= 0:
-                out[:, offset:offset + channels] += bias.reshape(-1)[bias_at:bias_at + channels]
+        for offset, channels, bias_at in tables.biased():
+            out[:, offset:offset + channels] += bias.reshape(-1)[bias_at:bias_at + channels]
     return out
 
 

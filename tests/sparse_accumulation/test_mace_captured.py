@@ -405,23 +405,23 @@ def test_a_bucket_compares_node_attributes_only_when_they_may_have_changed(monke
     data = batch(structures(generator), model)
     atoms, edges, systems = data["positions"].shape[0], data["edge_index"].shape[1], data["ptr"].shape[0] - 1
     bucket = ours._bucket(data, atoms, edges, systems, tuple(STRESS_CALL.values()))
-    assert bucket.attributes_changed(data, atoms, edges)  # nothing filled yet
+    assert bucket.attributes_changed(data, atoms)  # nothing filled yet
     bucket.fill(data, atoms, edges)
     compared = []
     real_equal = torch.equal
     monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(1) or real_equal(a, b))
-    assert not bucket.attributes_changed(data, atoms, edges) and not compared
+    assert not bucket.attributes_changed(data, atoms) and not compared
     same = dict(data, node_attrs=data["node_attrs"].clone())
-    assert not bucket.attributes_changed(same, atoms, edges) and compared
+    assert not bucket.attributes_changed(same, atoms) and compared
     bucket.fill(dict(data, edge_index=data["edge_index"][:, :-1], shifts=data["shifts"][:-1],
                      unit_shifts=data["unit_shifts"][:-1]), atoms, edges - 1)
-    assert not bucket.attributes_changed(same, atoms, edges - 1)
+    assert not bucket.attributes_changed(same, atoms)
     other = dict(data, node_attrs=data["node_attrs"].flip(1))
-    assert bucket.attributes_changed(other, atoms, edges)
+    assert bucket.attributes_changed(other, atoms)
     data["node_attrs"].mul_(1.0)  # changed in place (its version): compared again
     compared.clear()
-    assert not bucket.attributes_changed(data, atoms, edges) and compared
-    assert bucket.attributes_changed(data, atoms - 1, edges)
+    assert not bucket.attributes_changed(data, atoms) and compared
+    assert bucket.attributes_changed(data, atoms - 1)
 
 
 @pytest.mark.slow
